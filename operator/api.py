@@ -1,0 +1,475 @@
+"""The TrainingJob API (kubetrain.dev/v1alpha1): the single source of the CRD.
+
+`kubetrain crd` turns these models into the CRD's openAPIV3Schema (see `crd.py`); the YAML
+in crds/ is generated from here and a test fails when the two drift. Cross-field and
+immutability rules are written twice on purpose, once as pydantic validators (clear errors
+for `kubetrain run --local` and the operator) and once as CEL in `x-kubernetes-validations`
+(enforced by the API server on `kubectl apply`); the tests apply the same invalid table to
+both.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic.config import JsonDict
+
+from kubetrain.trainer.config import (
+    Backend,
+    CheckpointConfig,
+    StrictModel,
+    TrainConfig,
+    TrainingSpec,
+)
+from kubetrain.trainer.contract import RESERVED_ENV, RESERVED_ENV_PREFIX, is_reserved
+
+from . import naming
+
+# A Kubernetes quantity: `2`, `500m`, `16Gi`. The API server gives the final verdict.
+QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]i?|Ki)?$"
+Quantity = Annotated[
+    int | Annotated[str, Field(max_length=64, pattern=QUANTITY_PATTERN)],
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+]
+ShortString = Annotated[str, Field(max_length=253)]
+LabelValue = Annotated[str, Field(max_length=63)]
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# The fields that define the computation of a running job. Changing them would make the
+# next gang restart resume a checkpoint with another model, data or world size, so the API
+# server refuses the update (CEL transition rules below). runPolicy, nodeSelector,
+# tolerations, resources, env, shmSize, imagePullPolicy and serviceAccountName stay mutable
+# (Kueue rewrites nodeSelector/tolerations of a suspended job); they apply from the next
+# attempt on.
+IMMUTABLE_FIELDS = (
+    "nodes",
+    "gpusPerNode",
+    "image",
+    "command",
+    "args",
+    "backend",
+    "masterPort",
+    "training",
+    "checkpoint",
+)
+
+
+def _immutable_rule(field: str) -> JsonDict:
+    return {
+        "rule": f"has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || self.{field} == oldSelf.{field})",
+        "message": f"spec.{field} is immutable: it defines the computation that checkpoints resume",
+        "fieldPath": f".{field}",
+    }
+
+
+class SecretKeySelector(StrictModel):
+    name: str = Field(max_length=253, description="Name of the Secret (or ConfigMap).")
+    key: str = Field(max_length=253, description="Key inside it.")
+    optional: bool | None = Field(None, description="Do not fail when the key is missing.")
+
+
+class FieldSelector(StrictModel):
+    field_path: str = Field(max_length=256, description="Pod field, e.g. `status.podIP` or `spec.nodeName`.")
+    api_version: str | None = Field(None, max_length=64, description="Schema version of fieldPath.")
+
+
+class ResourceFieldSelector(StrictModel):
+    resource: str = Field(max_length=64, description="Container resource, e.g. `limits.memory`.")
+    container_name: str | None = Field(None, max_length=63, description="Container; defaults to the trainer.")
+    divisor: Quantity | None = Field(None, description="Output unit.")
+
+
+class EnvVarSource(StrictModel):
+    secret_key_ref: SecretKeySelector | None = Field(None, description="A key of a Secret.")
+    config_map_key_ref: SecretKeySelector | None = Field(None, description="A key of a ConfigMap.")
+    field_ref: FieldSelector | None = Field(None, description="A field of the pod.")
+    resource_field_ref: ResourceFieldSelector | None = Field(None, description="A resource of the container.")
+
+
+class EnvVar(StrictModel):
+    """An environment variable for the trainer container. Rendezvous names are reserved."""
+
+    name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name.")
+    value: str | None = Field(None, max_length=32_768, description="Literal value.")
+    value_from: EnvVarSource | None = Field(None, description="Take the value from a Secret, ConfigMap or field.")
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if is_reserved(name):
+            raise ValueError(
+                f"{name!r} is reserved: kubetrain sets the rendezvous variables "
+                f"({', '.join(sorted(RESERVED_ENV))}) and every {RESERVED_ENV_PREFIX}* name itself"
+            )
+        return name
+
+    @model_validator(mode="after")
+    def _value_or_source(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError("set either value or valueFrom, not both")
+        return self
+
+
+class Resources(StrictModel):
+    """Per-node CPU/memory (and other) resources. GPUs come from gpusPerNode; requests equal limits."""
+
+    requests: dict[Annotated[str, Field(max_length=253)], Quantity] | None = Field(
+        None, max_length=16, description="Requested resources; limits default to these."
+    )
+    limits: dict[Annotated[str, Field(max_length=253)], Quantity] | None = Field(
+        None, max_length=16, description="Resource limits."
+    )
+
+    @model_validator(mode="after")
+    def _no_gpus_here(self) -> Resources:
+        for part in ("requests", "limits"):
+            if GPU_RESOURCE in (getattr(self, part) or {}):
+                raise ValueError(f"{part}: do not set {GPU_RESOURCE} here; use spec.gpusPerNode")
+        return self
+
+
+class Toleration(StrictModel):
+    key: str | None = Field(None, max_length=316, description="Taint key; empty with Exists matches all.")
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal (default).")
+    value: str | None = Field(None, max_length=63, description="Taint value for Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="Taint effect.")
+    toleration_seconds: int | None = Field(
+        None, ge=0, le=31_536_000, description="How long a NoExecute taint is tolerated."
+    )
+
+
+class PersistentVolumeClaimRef(StrictModel):
+    claim_name: str = Field(
+        max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", description="Name of an existing PVC."
+    )
+
+
+class EmptyDirVolume(StrictModel):
+    size_limit: Quantity | None = Field(None, description="Size limit of the emptyDir.")
+
+
+class CheckpointVolume(StrictModel):
+    """Exactly one of persistentVolumeClaim or emptyDir.
+
+    Only a PVC survives a gang restart (pods are deleted and recreated); an emptyDir is
+    lost with them and the job restarts from step 0. Multi-node jobs need ReadWriteMany.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.persistentVolumeClaim) != has(self.emptyDir)",
+                    "message": "set exactly one of persistentVolumeClaim or emptyDir",
+                }
+            ]
+        }
+    )
+
+    persistent_volume_claim: PersistentVolumeClaimRef | None = Field(None, description="Mount this PVC.")
+    empty_dir: EmptyDirVolume | None = Field(None, description="A scratch emptyDir (lost on gang restart).")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> CheckpointVolume:
+        if (self.persistent_volume_claim is None) == (self.empty_dir is None):
+            raise ValueError("set exactly one of persistentVolumeClaim or emptyDir")
+        return self
+
+
+class CheckpointSpec(CheckpointConfig):
+    volume: CheckpointVolume | None = Field(
+        None,
+        description="Volume mounted at `dir` in every node's pod. Omitted: an emptyDir (no resume across restarts).",
+    )
+
+    def trainer_config(self) -> CheckpointConfig:
+        return CheckpointConfig.model_validate(self.model_dump(exclude={"volume"}))
+
+
+class RunPolicy(StrictModel):
+    """How long, how often and when a job runs. All fields may change while the job runs."""
+
+    max_restarts: int = Field(
+        3, ge=0, le=1000, description="Gang restarts allowed before the job fails with BackoffLimitExceeded."
+    )
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, le=31_536_000, description="Fail with DeadlineExceeded this long after the job started."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, le=31_536_000, description="Delete the finished TrainingJob (and its children) after this long."
+    )
+    clean_pod_policy: Literal["All", "Running", "None"] = Field(
+        "Running",
+        description=(
+            "Which pods to delete when the job finishes: `Running` (those still running, so finished "
+            "pods keep their logs), `All`, or `None`."
+        ),
+    )
+    scheduling_timeout_seconds: int | None = Field(
+        None, ge=1, le=31_536_000, description="Fail with Unschedulable when a pod stays Pending this long."
+    )
+    suspend: bool = Field(
+        False, description="Delete the pods and hold the job (Kueue-compatible); unsuspending resumes it."
+    )
+
+
+class TrainingJobSpec(StrictModel):
+    """A gang of `nodes` pods, each running `gpusPerNode` processes under torchrun."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(self.backend == 'nccl' && self.gpusPerNode == 0)",
+                    "message": "backend nccl needs GPUs: set gpusPerNode >= 1 or backend gloo/auto",
+                    "fieldPath": ".backend",
+                },
+                {
+                    "rule": "!(self.training.bf16 && self.gpusPerNode == 0)",
+                    "message": "training.bf16 needs GPUs: set gpusPerNode >= 1",
+                    "fieldPath": ".training.bf16",
+                },
+                *[_immutable_rule(field) for field in IMMUTABLE_FIELDS],
+            ]
+        }
+    )
+
+    nodes: int = Field(1, ge=1, le=naming.MAX_NODES, description="Number of pods (torchrun nodes) in the gang.")
+    gpus_per_node: int = Field(
+        0, ge=0, le=16, description="GPUs per pod; one process per GPU. 0 runs one CPU process per pod with gloo."
+    )
+    image: str | None = Field(
+        None,
+        min_length=1,
+        max_length=512,
+        description="Container image. Omitted: the operator's default trainer image.",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Pull policy of the trainer container."
+    )
+    command: list[Annotated[str, Field(max_length=4096)]] | None = Field(
+        None,
+        max_length=64,
+        description="Container command. Omitted: torchrun running the built-in trainer, one process per GPU.",
+    )
+    args: list[Annotated[str, Field(max_length=4096)]] | None = Field(
+        None, max_length=256, description="Arguments to the command."
+    )
+    env: list[EnvVar] | None = Field(
+        None,
+        max_length=128,
+        description="Extra environment. The rendezvous variables and KUBETRAIN_* names are reserved.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.all(e, !(e.name in "
+                    + repr(sorted(RESERVED_ENV)).replace('"', "'")
+                    + f") && !e.name.startsWith('{RESERVED_ENV_PREFIX}'))",
+                    "message": "env may not set the rendezvous variables or KUBETRAIN_* names: kubetrain sets them",
+                }
+            ],
+        },
+    )
+    resources: Resources | None = Field(None, description="Per-node resources besides GPUs.")
+    node_selector: dict[Annotated[str, Field(max_length=316)], LabelValue] | None = Field(
+        None, max_length=64, description="Schedule the pods only on nodes with these labels."
+    )
+    tolerations: list[Toleration] | None = Field(None, max_length=32, description="Tolerations of the pods.")
+    service_account_name: str | None = Field(
+        None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="ServiceAccount the pods run as.",
+    )
+    scheduler_name: str | None = Field(
+        None, max_length=253, description="Scheduler for the pods (e.g. a gang scheduler such as volcano)."
+    )
+    priority_class_name: str | None = Field(None, max_length=253, description="PriorityClass of the pods.")
+    shm_size: Quantity = Field(
+        "1Gi", description="Size of the memory-backed /dev/shm (DataLoader workers and NCCL need more than 64Mi)."
+    )
+    master_port: int = Field(29500, ge=1024, le=65535, description="Rendezvous port of node 0.")
+    backend: Backend = Field(
+        "auto", description="Process-group backend: auto (nccl with GPUs, else gloo), nccl or gloo."
+    )
+    training: TrainingSpec = Field(
+        default_factory=TrainingSpec,
+        description="The built-in trainer's configuration.",
+        json_schema_extra={"default": {}},
+    )
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec,
+        description="Checkpoint location and cadence; the trainer resumes the latest complete one.",
+        json_schema_extra={"default": {}},
+    )
+    run_policy: RunPolicy = Field(
+        default_factory=RunPolicy, description="Restarts, deadlines and cleanup.", json_schema_extra={"default": {}}
+    )
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> TrainingJobSpec:
+        if self.backend == "nccl" and self.gpus_per_node == 0:
+            raise ValueError("backend: nccl needs GPUs: set gpusPerNode >= 1 or backend gloo/auto")
+        if self.training.bf16 and self.gpus_per_node == 0:
+            raise ValueError("training.bf16: bf16 autocast needs GPUs: set gpusPerNode >= 1")
+        return self
+
+    @property
+    def procs_per_node(self) -> int:
+        return max(self.gpus_per_node, 1)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    def trainer_config(self) -> TrainConfig:
+        return TrainConfig(training=self.training, checkpoint=self.checkpoint.trainer_config(), backend=self.backend)
+
+
+class ObjectMeta(StrictModel):
+    """The parts of metadata kubetrain reads; everything else Kubernetes keeps passes through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=naming.MAX_JOB_NAME,
+        pattern=naming.DNS_1035_LABEL,
+        description="Job name: a DNS-1035 label short enough for every child name.",
+    )
+    generate_name: str | None = Field(None, max_length=naming.MAX_JOB_NAME - 5)
+    namespace: str | None = Field(None, max_length=63)
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    uid: str | None = None
+    generation: int | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> ObjectMeta:
+        if self.name is None and self.generate_name is None:
+            raise ValueError("name: a TrainingJob needs metadata.name (or generateName)")
+        return self
+
+
+# --- status -----------------------------------------------------------------------------
+
+Phase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+
+
+class Condition(StrictModel):
+    """A metav1.Condition: lastTransitionTime changes only when status changes."""
+
+    type: str = Field(max_length=316, pattern=r"^[A-Za-z][A-Za-z0-9]*$", description="Condition type.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", description="Why.")
+    message: str = Field("", max_length=32_768, description="Human-readable details.")
+    last_transition_time: datetime = Field(description="When status last changed.")
+    observed_generation: int | None = Field(None, ge=0, description="The spec generation this was computed from.")
+
+
+class ReplicaCounts(StrictModel):
+    active: int = Field(0, ge=0, le=naming.MAX_NODES, description="Pods pending or running.")
+    ready: int = Field(0, ge=0, le=naming.MAX_NODES, description="Pods running and ready.")
+    succeeded: int = Field(0, ge=0, le=naming.MAX_NODES, description="Pods that exited 0 in this attempt.")
+    failed: int = Field(0, ge=0, le=naming.MAX_NODES, description="Pods that failed in this attempt.")
+
+
+class Progress(StrictModel):
+    """Rank 0's latest metrics line."""
+
+    epoch: int | None = Field(None, ge=0, description="Current epoch (0-based).")
+    step: int | None = Field(None, ge=0, description="Optimizer steps done.")
+    total_steps: int | None = Field(None, ge=0, description="Optimizer steps planned.")
+    percent: int | None = Field(None, ge=0, le=100, description="step / totalSteps, in percent.")
+    loss: float | None = Field(None, description="Training loss averaged across ranks.")
+    accuracy: float | None = Field(None, ge=0, le=1, description="Last evaluation accuracy.")
+    samples_per_second: float | None = Field(None, ge=0, description="Global training throughput.")
+    updated_at: datetime | None = Field(None, description="When rank 0 reported this.")
+
+
+class LastCheckpoint(StrictModel):
+    path: str = Field(max_length=1024, description="Checkpoint directory.")
+    step: int = Field(ge=0, description="Optimizer step it holds.")
+    time: datetime | None = Field(None, description="When it was completed.")
+
+
+class Failure(StrictModel):
+    """One failed attempt: what the gang restart was for."""
+
+    attempt: int = Field(ge=0, description="The attempt that failed.")
+    rank: int | None = Field(None, ge=0, description="Node rank of the pod that failed first.")
+    pod: str | None = Field(None, max_length=253, description="Pod name.")
+    node: str | None = Field(None, max_length=253, description="Kubernetes node it ran on.")
+    exit_code: int | None = Field(None, description="Container exit code.")
+    reason: str = Field(max_length=256, description="Error, OOMKilled, Evicted, PodDeleted, ImagePullBackOff, ...")
+    message: str = Field("", max_length=4096, description="Termination message or log tail.")
+    time: datetime | None = Field(None, description="When it was observed.")
+
+
+MAX_FAILURES_KEPT = 20
+
+
+class TrainingJobStatus(StrictModel):
+    phase: Phase | None = Field(None, description="Derived from conditions, for printer columns.")
+    conditions: list[Condition] | None = Field(
+        None,
+        max_length=16,
+        description="Created, Running, Restarting, Suspended, Succeeded, Failed.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observed_generation: int | None = Field(None, ge=0, description="The spec generation last reconciled.")
+    attempt: int = Field(0, ge=0, description="The current gang attempt; pods carry it as a label.")
+    restarts: int = Field(0, ge=0, description="Gang restarts so far (counted against runPolicy.maxRestarts).")
+    replicas: ReplicaCounts | None = Field(None, description="Pod counts of the current attempt.")
+    start_time: datetime | None = Field(None, description="When the job first started.")
+    completion_time: datetime | None = Field(None, description="When the job succeeded or failed.")
+    progress: Progress | None = Field(None, description="Rank 0's latest metrics.")
+    last_checkpoint: LastCheckpoint | None = Field(None, description="Newest complete checkpoint.")
+    failures: list[Failure] | None = Field(
+        None, max_length=MAX_FAILURES_KEPT, description=f"The last {MAX_FAILURES_KEPT} failed attempts."
+    )
+
+
+class TrainingJob(StrictModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.metadata.name.size() <= {naming.MAX_JOB_NAME}",
+                    "message": (
+                        f"metadata.name must be at most {naming.MAX_JOB_NAME} characters so that every "
+                        f"pod name <name>{naming.NODE_INFIX}<rank> stays a valid DNS-1035 label"
+                    ),
+                },
+                {
+                    "rule": f"self.metadata.name.matches('{naming.DNS_1035_LABEL}')",
+                    "message": (
+                        "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', "
+                        "starting with a letter): it names the headless Service"
+                    ),
+                },
+            ]
+        }
+    )
+
+    api_version: Literal["kubetrain.dev/v1alpha1"] = Field(description="kubetrain.dev/v1alpha1")
+    kind: Literal["TrainingJob"] = Field(description="TrainingJob")
+    metadata: ObjectMeta
+    spec: TrainingJobSpec
+    status: TrainingJobStatus | None = None
+
+    @property
+    def name(self) -> str:
+        assert self.metadata.name is not None, "name is set by the API server before reconciling"
+        return self.metadata.name
+
+
+def parse_training_job(document: dict[str, Any]) -> TrainingJob:
+    return TrainingJob.model_validate(document)

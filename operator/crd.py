@@ -1,0 +1,163 @@
+"""Generate the TrainingJob CRD from the pydantic models (pure; `kubetrain crd` prints it).
+
+pydantic emits JSON Schema (2020-12 flavour, `$ref`s, `anyOf` with null for optionals);
+a CRD needs a *structural* OpenAPI v3.0 schema: everything inlined, every node typed,
+optional meaning "may be absent" rather than nullable, and the Kubernetes extensions
+(`x-kubernetes-*`) carried through. This module is that translation and nothing else.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from . import naming
+from .api import TrainingJob
+
+INT_OR_STRING = "x-kubernetes-int-or-string"
+VALIDATIONS = "x-kubernetes-validations"
+QUANTITY_RULE = {
+    "rule": "type(self) == int || (string(self).size() <= 64 && isQuantity(string(self)))",
+    "message": "must be a quantity such as 2, 500m or 16Gi",
+}
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes"},
+    {"name": "GPUs", "type": "integer", "jsonPath": ".spec.gpusPerNode", "description": "GPUs per node"},
+    {"name": "Epoch", "type": "integer", "jsonPath": ".status.progress.epoch"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
+    {"name": "Done%", "type": "integer", "jsonPath": ".status.progress.percent"},
+    {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss", "priority": 1},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_resolve(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node.pop("$ref").rsplit("/", 1)[-1]])
+        # The field's own description and default win over the model's docstring.
+        target.update(node)
+        node = target
+    if node.get(INT_OR_STRING):
+        return _int_or_string(node)
+    for junctor in ("anyOf", "oneOf"):
+        if junctor in node:
+            options = [option for option in node.pop(junctor) if option != {"type": "null"}]
+            if len(options) != 1:
+                raise ValueError(f"cannot express a union in a structural schema: {options}")
+            merged = dict(options[0])
+            merged.update(node)
+            return _resolve(merged, defs)
+    node.pop("title", None)
+    if node.get("default", "unset") is None:
+        node.pop("default")
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    for bound, inclusive in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(node.get(bound), (int, float)) and not isinstance(node[bound], bool):
+            node[inclusive] = node.pop(bound)
+            node[bound] = True
+    if node.get("additionalProperties") is False:
+        node.pop("additionalProperties")
+    key_schema = node.pop("propertyNames", None)
+    if key_schema and "maxLength" in key_schema:
+        node.setdefault(VALIDATIONS, []).append(
+            {
+                "rule": f"self.all(k, k.size() <= {key_schema['maxLength']})",
+                "message": f"keys must be at most {key_schema['maxLength']} characters",
+            }
+        )
+    if "enum" in node and "type" not in node:
+        node["type"] = "string"
+    return {key: _resolve(value, defs) if key not in ("default", "enum") else value for key, value in node.items()}
+
+
+def _int_or_string(node: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {INT_OR_STRING: True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
+    for key in ("description", "default"):
+        if node.get(key) is not None:
+            out[key] = node[key]
+    out[VALIDATIONS] = [dict(QUANTITY_RULE)]
+    return out
+
+
+def _prepare_properties(schema: dict[str, Any], root: bool = False) -> None:
+    """Structural schemas must say what happens to the fields of an object they do not list."""
+    if schema.get("type") == "object" and "properties" not in schema and "additionalProperties" not in schema:
+        schema["x-kubernetes-preserve-unknown-fields"] = True
+    for name, child in schema.get("properties", {}).items():
+        if not (root and name == "metadata"):
+            _prepare_properties(child)
+    if isinstance(schema.get("additionalProperties"), dict):
+        _prepare_properties(schema["additionalProperties"])
+    if isinstance(schema.get("items"), dict):
+        _prepare_properties(schema["items"])
+
+
+def openapi_schema() -> dict[str, Any]:
+    raw = TrainingJob.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    schema: dict[str, Any] = _resolve(raw, defs)
+    schema["properties"]["apiVersion"] = {"type": "string", "description": "kubetrain.dev/v1alpha1"}
+    schema["properties"]["kind"] = {"type": "string", "description": "TrainingJob"}
+    # Only name/generateName may be constrained under the root metadata; the CEL rules at
+    # the root carry the name limits.
+    schema["properties"]["metadata"] = {"type": "object"}
+    schema["required"] = ["spec"]
+    schema["description"] = "A distributed PyTorch training job: a gang of pods running DDP under torchrun."
+    _prepare_properties(schema, root=True)
+    return schema
+
+
+def crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": naming.CRD_NAME,
+            "labels": {"app.kubernetes.io/part-of": "kubetrain"},
+        },
+        "spec": {
+            "group": naming.GROUP,
+            "names": {
+                "kind": naming.KIND,
+                "listKind": f"{naming.KIND}List",
+                "plural": naming.PLURAL,
+                "singular": naming.SINGULAR,
+                "shortNames": list(naming.SHORT_NAMES),
+                "categories": ["kubetrain"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": naming.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                }
+            ],
+        },
+    }
+
+
+HEADER = "# Generated by `kubetrain crd` from kubetrain/operator/api.py. Do not edit by hand.\n"
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def crd_yaml() -> str:
+    return HEADER + yaml.dump(crd(), Dumper=_NoAliasDumper, sort_keys=True, width=120, allow_unicode=True)

@@ -1,0 +1,67 @@
+"""The env contract between a TrainingJob's pods and the processes in them.
+
+One implementation, used by the operator's renderer (and so by `kubetrain run --local`)
+and read back by the trainer. torchrun reads the `PET_*` mirror, so a bare `torchrun
+script.py` in a pod needs no flags; it then sets RANK, LOCAL_RANK and LOCAL_WORLD_SIZE per
+process. A single-process pod also carries RANK and LOCAL_RANK so that a plain
+`python script.py` with `init_process_group("env://")` works without torchrun.
+"""
+
+from __future__ import annotations
+
+from .config import CONFIG_ENV
+
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+NNODES = "NNODES"
+NODE_RANK = "NODE_RANK"
+NPROC_PER_NODE = "NPROC_PER_NODE"
+WORLD_SIZE = "WORLD_SIZE"
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+PET_PREFIX = "PET_"
+TORCHRUN_MIRRORED = (NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT)
+
+# Names a user's `env` may not set: a mismatch here is the classic "RANK means the node"
+# confusion, or a job that silently trains with another configuration.
+RESERVED_ENV = frozenset(
+    (
+        MASTER_ADDR,
+        MASTER_PORT,
+        NNODES,
+        NODE_RANK,
+        NPROC_PER_NODE,
+        WORLD_SIZE,
+        RANK,
+        LOCAL_RANK,
+        LOCAL_WORLD_SIZE,
+        *(PET_PREFIX + name for name in TORCHRUN_MIRRORED),
+        CONFIG_ENV,
+    )
+)
+RESERVED_ENV_PREFIX = "KUBETRAIN_"
+
+
+def is_reserved(name: str) -> bool:
+    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX)
+
+
+def rendezvous_env(
+    *, master_addr: str, master_port: int, nnodes: int, node_rank: int, nproc_per_node: int
+) -> dict[str, str]:
+    """The rendezvous variables of node `node_rank`, in a stable order."""
+    env = {
+        MASTER_ADDR: master_addr,
+        MASTER_PORT: str(master_port),
+        NNODES: str(nnodes),
+        NODE_RANK: str(node_rank),
+        NPROC_PER_NODE: str(nproc_per_node),
+        WORLD_SIZE: str(nnodes * nproc_per_node),
+    }
+    env.update({PET_PREFIX + name: env[name] for name in TORCHRUN_MIRRORED})
+    if nproc_per_node == 1:
+        env[RANK] = str(node_rank)
+        env[LOCAL_RANK] = "0"
+        env[LOCAL_WORLD_SIZE] = "1"
+    return env
