@@ -65,3 +65,8 @@ def rendezvous_env(
         env[LOCAL_RANK] = "0"
         env[LOCAL_WORLD_SIZE] = "1"
     return env
+
+
+# The pod command when a TrainingJob sets none: torchrun (configured entirely by the PET_*
+# mirror) running the built-in trainer, one process per GPU (or one on CPU).
+DEFAULT_COMMAND = ("torchrun", "-m", "kubetrain.trainer", "train")
