@@ -1,0 +1,226 @@
+"""Pure rendering: a TrainingJob → its headless Service and one Pod per node.
+
+No client, no clock, no randomness: the same job, uid and attempt always render the same
+dicts. The operator creates them; `kubetrain run --local` renders the same pods and runs
+their containers as local processes, so the env contract has exactly one implementation
+(`kubetrain.trainer.contract.rendezvous_env`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kubetrain.trainer.config import CONFIG_ENV
+from kubetrain.trainer.contract import DEFAULT_COMMAND, is_reserved, rendezvous_env
+
+from . import naming
+from .api import GPU_RESOURCE, TrainingJob
+
+CHECKPOINT_VOLUME = "checkpoints"
+SHM_VOLUME = "dshm"
+SHM_PATH = "/dev/shm"
+MANAGED_BY = "kubetrain-operator"
+# Pod Security "restricted" wants a non-root user; the trainer images run as this uid, and
+# fsGroup makes a fresh checkpoint volume writable by it.
+RUN_AS_USER = 1000
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    cluster_domain: str = "cluster.local"
+    default_image: str = "kubetrain/trainer:0.1.0"
+
+
+def owner_reference(job: TrainingJob, uid: str) -> dict[str, Any]:
+    """Controller reference: children are garbage-collected with the job and watched as its own."""
+    return {
+        "apiVersion": naming.API_VERSION,
+        "kind": naming.KIND,
+        "name": job.name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def selector_labels(job_name: str) -> dict[str, str]:
+    return {naming.LABEL_JOB: job_name}
+
+
+def pod_labels(job: TrainingJob, uid: str, node_rank: int, attempt: int) -> dict[str, str]:
+    return {
+        **selector_labels(job.name),
+        naming.LABEL_JOB_UID: uid,
+        naming.LABEL_NODE_RANK: str(node_rank),
+        naming.LABEL_ATTEMPT: str(attempt),
+        naming.LABEL_ROLE: naming.role(node_rank),
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def render_service(job: TrainingJob, namespace: str, uid: str) -> dict[str, Any]:
+    """Headless, and publishing not-ready addresses: node 0's DNS name must resolve while the
+    gang is still starting, or the other nodes cannot reach the rendezvous."""
+    name = naming.service_name(job.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                **selector_labels(job.name),
+                naming.LABEL_JOB_UID: uid,
+                "app.kubernetes.io/managed-by": MANAGED_BY,
+            },
+            "ownerReferences": [owner_reference(job, uid)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(job.name),
+            "ports": [
+                {
+                    "name": naming.MASTER_PORT_NAME,
+                    "port": job.spec.master_port,
+                    "targetPort": job.spec.master_port,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def _env(job: TrainingJob, namespace: str, node_rank: int, settings: RenderSettings) -> list[dict[str, Any]]:
+    spec = job.spec
+    contract = rendezvous_env(
+        master_addr=naming.master_host(job.name, namespace, settings.cluster_domain),
+        master_port=spec.master_port,
+        nnodes=spec.nodes,
+        node_rank=node_rank,
+        nproc_per_node=spec.procs_per_node,
+    )
+    env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in contract.items()]
+    env.append({"name": CONFIG_ENV, "value": spec.trainer_config().to_env_value()})
+    for var in spec.env or []:
+        # The models reject these already; a renderer bug must not let one through.
+        assert not is_reserved(var.name), f"reserved env name {var.name!r} reached the renderer"
+        env.append(var.wire())
+    return env
+
+
+def _resources(job: TrainingJob) -> dict[str, Any]:
+    spec = job.spec
+    requests: dict[str, Any] = dict((spec.resources.requests or {}) if spec.resources else {})
+    limits: dict[str, Any] = {**requests, **((spec.resources.limits or {}) if spec.resources else {})}
+    if spec.gpus_per_node:
+        # Extended resources cannot be overcommitted: requests must equal limits.
+        requests[GPU_RESOURCE] = spec.gpus_per_node
+        limits[GPU_RESOURCE] = spec.gpus_per_node
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _checkpoint_volume(job: TrainingJob) -> dict[str, Any]:
+    volume = job.spec.checkpoint.volume
+    if volume is not None and volume.persistent_volume_claim is not None:
+        return {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": volume.persistent_volume_claim.wire()}
+    empty_dir = volume.empty_dir.wire() if volume is not None and volume.empty_dir is not None else {}
+    return {"name": CHECKPOINT_VOLUME, "emptyDir": empty_dir}
+
+
+def render_pod(
+    job: TrainingJob,
+    namespace: str,
+    uid: str,
+    node_rank: int,
+    attempt: int,
+    settings: RenderSettings = RenderSettings(),
+) -> dict[str, Any]:
+    spec = job.spec
+    if not 0 <= node_rank < spec.nodes:
+        raise ValueError(f"node_rank {node_rank} outside 0..{spec.nodes - 1}")
+    name = naming.pod_name(job.name, node_rank)
+    container: dict[str, Any] = {
+        "name": naming.CONTAINER_NAME,
+        "image": spec.image or settings.default_image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": list(spec.command) if spec.command else list(DEFAULT_COMMAND),
+        "env": _env(job, namespace, node_rank, settings),
+        "ports": [{"name": naming.MASTER_PORT_NAME, "containerPort": spec.master_port, "protocol": "TCP"}],
+        "volumeMounts": [
+            {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.dir},
+            {"name": SHM_VOLUME, "mountPath": SHM_PATH},
+        ],
+        # A crash's traceback survives in the pod status (and so in status.failures) even
+        # when the trainer wrote no termination message.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    if spec.args:
+        container["args"] = list(spec.args)
+    resources = _resources(job)
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "hostname": name,
+        "subdomain": naming.service_name(job.name),
+        # The gang restarts as a whole; a single restarted process cannot rejoin DDP.
+        "restartPolicy": "Never",
+        # Service links would add dozens of *_PORT variables next to the contract.
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": spec.service_account_name is not None,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            _checkpoint_volume(job),
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+        ],
+    }
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [toleration.wire() for toleration in spec.tolerations]
+    if spec.scheduler_name:
+        pod_spec["schedulerName"] = spec.scheduler_name
+    if spec.priority_class_name:
+        pod_spec["priorityClassName"] = spec.priority_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": pod_labels(job, uid, node_rank, attempt),
+            "ownerReferences": [owner_reference(job, uid)],
+        },
+        "spec": pod_spec,
+    }
+
+
+def render_pods(
+    job: TrainingJob,
+    namespace: str,
+    uid: str,
+    attempt: int,
+    settings: RenderSettings = RenderSettings(),
+) -> list[dict[str, Any]]:
+    return [render_pod(job, namespace, uid, rank, attempt, settings) for rank in range(job.spec.nodes)]

@@ -1,0 +1,219 @@
+"""Rendering is pure: the exact objects a job becomes, checked field by field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from kubetrain.operator import naming
+from kubetrain.operator.api import TrainingJob
+from kubetrain.operator.render import RenderSettings, render_pod, render_pods, render_service
+from kubetrain.trainer.config import TrainConfig
+from kubetrain.trainer.contract import DEFAULT_COMMAND, RESERVED_ENV
+
+UID = "0b6c3c2e-1111-2222-3333-444455556666"
+
+
+def job(**spec: Any) -> TrainingJob:
+    return TrainingJob.model_validate(
+        {"apiVersion": "kubetrain.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "j"}, "spec": spec}
+    )
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_service_golden() -> None:
+    assert render_service(job(nodes=3, masterPort=23456), "team-a", UID) == {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": "j",
+            "namespace": "team-a",
+            "labels": {
+                "kubetrain.dev/job-name": "j",
+                "kubetrain.dev/job-uid": UID,
+                "app.kubernetes.io/managed-by": "kubetrain-operator",
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "kubetrain.dev/v1alpha1",
+                    "kind": "TrainingJob",
+                    "name": "j",
+                    "uid": UID,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {"kubetrain.dev/job-name": "j"},
+            "ports": [{"name": "rendezvous", "port": 23456, "targetPort": 23456, "protocol": "TCP"}],
+        },
+    }
+
+
+def test_pod_env_contract_exact() -> None:
+    j = job(nodes=3, gpusPerNode=0, training={"epochs": 2}, env=[{"name": "FOO", "value": "bar"}])
+    pod = render_pod(j, "ns", UID, node_rank=2, attempt=4, settings=RenderSettings(cluster_domain="k.example"))
+    master = "j-node-0.j.ns.svc.k.example"
+    assert pod["spec"]["containers"][0]["env"] == [
+        {"name": "MASTER_ADDR", "value": master},
+        {"name": "MASTER_PORT", "value": "29500"},
+        {"name": "NNODES", "value": "3"},
+        {"name": "NODE_RANK", "value": "2"},
+        {"name": "NPROC_PER_NODE", "value": "1"},
+        {"name": "WORLD_SIZE", "value": "3"},
+        {"name": "PET_NNODES", "value": "3"},
+        {"name": "PET_NODE_RANK", "value": "2"},
+        {"name": "PET_NPROC_PER_NODE", "value": "1"},
+        {"name": "PET_MASTER_ADDR", "value": master},
+        {"name": "PET_MASTER_PORT", "value": "29500"},
+        {"name": "RANK", "value": "2"},
+        {"name": "LOCAL_RANK", "value": "0"},
+        {"name": "LOCAL_WORLD_SIZE", "value": "1"},
+        {"name": "KUBETRAIN_CONFIG", "value": j.spec.trainer_config().to_env_value()},
+        {"name": "FOO", "value": "bar"},
+    ]
+    # The config round-trips into the trainer's model unchanged.
+    config = TrainConfig.model_validate_json(env_of(pod)["KUBETRAIN_CONFIG"])
+    assert config.training.epochs == 2
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        # GPUs: one process per GPU, torchrun sets RANK per process, so the pod does not.
+        ({"nodes": 2, "gpusPerNode": 4}, {"NPROC_PER_NODE": "4", "WORLD_SIZE": "8", "RANK": None}),
+        ({"nodes": 1, "gpusPerNode": 0}, {"NPROC_PER_NODE": "1", "WORLD_SIZE": "1", "RANK": "0"}),
+        ({"nodes": 4, "masterPort": 40000}, {"MASTER_PORT": "40000", "PET_MASTER_PORT": "40000"}),
+    ],
+)
+def test_env_table(spec: dict[str, Any], expected: dict[str, str | None]) -> None:
+    env = env_of(render_pod(job(**spec), "ns", UID, 0, 0))
+    for name, value in expected.items():
+        assert env.get(name) == value, name
+
+
+def test_user_env_value_from_passes_through() -> None:
+    j = job(env=[{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}])
+    assert env_of(render_pod(j, "ns", UID, 0, 0))["TOKEN"] == {"secretKeyRef": {"name": "s", "key": "k"}}
+
+
+@pytest.mark.parametrize("name", [*sorted(RESERVED_ENV), "KUBETRAIN_ANYTHING"])
+def test_reserved_env_never_reaches_a_pod(name: str) -> None:
+    with pytest.raises(ValueError, match="reserved"):
+        job(env=[{"name": name, "value": "x"}])
+
+
+def test_reserved_env_asserted_in_renderer_too() -> None:
+    bad = job(env=[{"name": "OK", "value": "1"}])
+    assert bad.spec.env is not None
+    # Bypass the model's validator, as a future bug might.
+    object.__setattr__(bad.spec.env[0], "name", "RANK")
+    with pytest.raises(AssertionError, match="reserved"):
+        render_pod(bad, "ns", UID, 0, 0)
+
+
+def test_pod_shape() -> None:
+    j = job(nodes=2, gpusPerNode=2, backend="nccl", resources={"requests": {"cpu": "4", "memory": "8Gi"}})
+    pod = render_pod(j, "ns", UID, 1, 3)
+    meta, spec = pod["metadata"], pod["spec"]
+    (container,) = spec["containers"]
+    assert meta["name"] == "j-node-1"
+    assert meta["labels"] == {
+        naming.LABEL_JOB: "j",
+        naming.LABEL_JOB_UID: UID,
+        naming.LABEL_NODE_RANK: "1",
+        naming.LABEL_ATTEMPT: "3",
+        naming.LABEL_ROLE: "worker",
+        "app.kubernetes.io/managed-by": "kubetrain-operator",
+    }
+    assert meta["ownerReferences"][0]["controller"] is True
+    assert (spec["hostname"], spec["subdomain"], spec["restartPolicy"]) == ("j-node-1", "j", "Never")
+    assert spec["automountServiceAccountToken"] is False
+    assert container["name"] == "trainer"
+    assert container["image"] == RenderSettings().default_image
+    assert container["command"] == list(DEFAULT_COMMAND)
+    assert "args" not in container
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert container["resources"] == {
+        "requests": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": 2},
+        "limits": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": 2},
+    }
+    assert container["volumeMounts"] == [
+        {"name": "checkpoints", "mountPath": "/checkpoints"},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    assert spec["volumes"] == [
+        {"name": "checkpoints", "emptyDir": {}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+    ]
+
+
+def test_restricted_pod_security() -> None:
+    """The fields Pod Security "restricted" checks, in both places it checks them."""
+    pod = render_pod(job(), "ns", UID, 0, 0)
+    pod_sc = pod["spec"]["securityContext"]
+    container_sc = pod["spec"]["containers"][0]["securityContext"]
+    assert pod_sc["runAsNonRoot"] is True and pod_sc["runAsUser"] != 0
+    assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container_sc["allowPrivilegeEscalation"] is False
+    assert container_sc["capabilities"] == {"drop": ["ALL"]}
+    assert not any("hostPath" in volume for volume in pod["spec"]["volumes"])
+    assert not {"hostNetwork", "hostPID", "hostIPC"} & set(pod["spec"])
+
+
+@pytest.mark.parametrize(
+    ("spec", "volume"),
+    [
+        ({}, {"name": "checkpoints", "emptyDir": {}}),
+        ({"volume": {"emptyDir": {"sizeLimit": "5Gi"}}}, {"name": "checkpoints", "emptyDir": {"sizeLimit": "5Gi"}}),
+        (
+            {"dir": "/ckpt", "volume": {"persistentVolumeClaim": {"claimName": "shared"}}},
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "shared"}},
+        ),
+    ],
+)
+def test_checkpoint_volume(spec: dict[str, Any], volume: dict[str, Any]) -> None:
+    pod = render_pod(job(checkpoint=spec), "ns", UID, 0, 0)
+    assert pod["spec"]["volumes"][0] == volume
+    assert pod["spec"]["containers"][0]["volumeMounts"][0]["mountPath"] == spec.get("dir", "/checkpoints")
+
+
+def test_optional_scheduling_fields() -> None:
+    j = job(
+        command=["python", "x.py"],
+        args=["--a", "1"],
+        image="me/img:1",
+        serviceAccountName="trainer",
+        nodeSelector={"pool": "gpu"},
+        tolerations=[{"key": "k", "operator": "Exists"}],
+        schedulerName="volcano",
+        priorityClassName="high",
+        shmSize="8Gi",
+    )
+    pod = render_pod(j, "ns", UID, 0, 0)
+    spec, container = pod["spec"], pod["spec"]["containers"][0]
+    assert (container["command"], container["args"]) == (["python", "x.py"], ["--a", "1"])
+    assert container["image"] == "me/img:1"
+    assert spec["serviceAccountName"] == "trainer" and spec["automountServiceAccountToken"] is True
+    assert spec["nodeSelector"] == {"pool": "gpu"}
+    assert spec["tolerations"] == [{"key": "k", "operator": "Exists"}]
+    assert (spec["schedulerName"], spec["priorityClassName"]) == ("volcano", "high")
+    assert spec["volumes"][1]["emptyDir"]["sizeLimit"] == "8Gi"
+
+
+def test_render_pods_ranks_and_roles_and_determinism() -> None:
+    j = job(nodes=3)
+    pods = render_pods(j, "ns", UID, attempt=1)
+    assert [p["metadata"]["name"] for p in pods] == ["j-node-0", "j-node-1", "j-node-2"]
+    assert [p["metadata"]["labels"][naming.LABEL_ROLE] for p in pods] == ["master", "worker", "worker"]
+    assert json.dumps(pods, sort_keys=True) == json.dumps(render_pods(j, "ns", UID, attempt=1), sort_keys=True)
+    with pytest.raises(ValueError):
+        render_pod(j, "ns", UID, 3, 0)
