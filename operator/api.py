@@ -10,10 +10,11 @@ both.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.config import JsonDict
 
 from kubetrain.trainer.config import (
@@ -29,8 +30,18 @@ from . import naming
 
 # A Kubernetes quantity: `2`, `500m`, `16Gi`. The API server gives the final verdict.
 QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]i?|Ki)?$"
+_QUANTITY = re.compile(QUANTITY_PATTERN)
+
+
+def _check_quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and (len(value) > 64 or not _QUANTITY.match(value)):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity such as 2, 500m or 16Gi")
+    return value
+
+
 Quantity = Annotated[
-    int | Annotated[str, Field(max_length=64, pattern=QUANTITY_PATTERN)],
+    int | str,
+    AfterValidator(_check_quantity),
     Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
 ]
 ShortString = Annotated[str, Field(max_length=253)]
@@ -92,6 +103,18 @@ class EnvVarSource(StrictModel):
 class EnvVar(StrictModel):
     """An environment variable for the trainer container. Rendezvous names are reserved."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.value) && has(self.valueFrom))",
+                    "message": "set either value or valueFrom, not both",
+                    "fieldPath": ".valueFrom",
+                }
+            ]
+        }
+    )
+
     name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name.")
     value: str | None = Field(None, max_length=32_768, description="Literal value.")
     value_from: EnvVarSource | None = Field(None, description="Take the value from a Secret, ConfigMap or field.")
@@ -109,12 +132,25 @@ class EnvVar(StrictModel):
     @model_validator(mode="after")
     def _value_or_source(self) -> EnvVar:
         if self.value is not None and self.value_from is not None:
-            raise ValueError("set either value or valueFrom, not both")
+            raise ValueError("valueFrom: set either value or valueFrom, not both")
         return self
 
 
 class Resources(StrictModel):
     """Per-node CPU/memory (and other) resources. GPUs come from gpusPerNode; requests equal limits."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"!has(self.{part}) || !('{GPU_RESOURCE}' in self.{part})",
+                    "message": f"do not set {GPU_RESOURCE} here; use spec.gpusPerNode",
+                    "fieldPath": f".{part}",
+                }
+                for part in ("requests", "limits")
+            ]
+        }
+    )
 
     requests: dict[Annotated[str, Field(max_length=253)], Quantity] | None = Field(
         None, max_length=16, description="Requested resources; limits default to these."

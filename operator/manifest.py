@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +16,39 @@ class InvalidTrainingJob(ValueError):
     """A manifest that is not a valid TrainingJob; the message names every bad field."""
 
 
-def describe_errors(error: ValidationError, root: str = "") -> str:
-    lines = []
+# pydantic adds the member of a union it tried to the location (`shmSize.int`); users
+# never wrote those, so they are dropped.
+_UNION_MEMBERS = frozenset({"int", "str", "constrained-str", "float", "bool"})
+# Cross-field validators start their message with the field they blame, relative to the
+# model they validate: "backend: nccl needs GPUs".
+_BLAMED_FIELD = re.compile(r"^([A-Za-z][A-Za-z0-9]*(?:\.[A-Za-z][A-Za-z0-9]*)*): (.*)$", re.DOTALL)
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """`("spec", "env", 0, "name")` -> `spec.env[0].name`, the way the API server writes it."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part not in _UNION_MEMBERS and "[" not in part:
+            path += f".{part}" if path else part
+    return path
+
+
+def describe_errors(error: ValidationError) -> str:
+    lines: list[str] = []
     for item in error.errors():
-        location = ".".join(str(part) for part in item["loc"]) or "(document)"
-        if root:
-            location = f"{root}.{location}" if item["loc"] else root
+        location = field_path(item["loc"])
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown field (not part of the TrainingJob API)"
-        lines.append(f"  {location}: {message}")
+        blamed = _BLAMED_FIELD.match(message)
+        if item["type"] == "value_error" and blamed:
+            location = f"{location}.{blamed[1]}" if location else blamed[1]
+            message = blamed[2]
+        line = f"  {location or '(document)'}: {message}"
+        if line not in lines:
+            lines.append(line)
     return "\n".join(lines)
 
 

@@ -1,0 +1,93 @@
+"""Shared TrainingJob test documents: one valid job and the table of invalid ones.
+
+The same table is checked against the pydantic models (tests/test_api.py) and against a real
+kube-apiserver with the generated CRD (tests/test_control_plane.py): both must reject every
+case, naming the field.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+BASE_JOB: dict[str, Any] = {
+    "apiVersion": "kubetrain.dev/v1alpha1",
+    "kind": "TrainingJob",
+    "metadata": {"name": "valid-job"},
+    "spec": {
+        "nodes": 2,
+        "gpusPerNode": 0,
+        "image": "kubetrain/trainer:0.1.0-cpu",
+        "training": {"model": "mlp", "dataset": "digits", "epochs": 2, "batchSize": 16},
+        "checkpoint": {"everySteps": 10, "keep": 2},
+        "runPolicy": {"maxRestarts": 2},
+    },
+}
+
+
+def valid_job(name: str = "valid-job", **spec: Any) -> dict[str, Any]:
+    """BASE_JOB with top-level spec fields replaced."""
+    job = copy.deepcopy(BASE_JOB)
+    job["metadata"]["name"] = name
+    job["spec"].update(spec)
+    return job
+
+
+def _with(path: str, value: Any, *, name: str | None = None) -> dict[str, Any]:
+    """BASE_JOB with the value at a dotted path (`spec.training.epochs`) set."""
+    job = copy.deepcopy(BASE_JOB)
+    *parents, leaf = path.split(".")
+    node = job
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    if name is not None:
+        job["metadata"]["name"] = name
+    return job
+
+
+# (case id, document, the field path the error message must name)
+INVALID_JOBS: list[tuple[str, dict[str, Any], str]] = [
+    ("unknown-spec-field", _with("spec.gpus", 2), "spec.gpus"),
+    ("unknown-training-field", _with("spec.training.learningrate", 0.1), "spec.training.learningrate"),
+    ("nodes-zero", _with("spec.nodes", 0), "spec.nodes"),
+    ("nodes-too-many", _with("spec.nodes", 1025), "spec.nodes"),
+    ("nodes-not-a-number", _with("spec.nodes", "two"), "spec.nodes"),
+    ("gpus-negative", _with("spec.gpusPerNode", -1), "spec.gpusPerNode"),
+    ("gpus-too-many", _with("spec.gpusPerNode", 17), "spec.gpusPerNode"),
+    ("image-empty", _with("spec.image", ""), "spec.image"),
+    ("pull-policy-unknown", _with("spec.imagePullPolicy", "Sometimes"), "spec.imagePullPolicy"),
+    ("master-port-privileged", _with("spec.masterPort", 80), "spec.masterPort"),
+    ("backend-unknown", _with("spec.backend", "mpi"), "spec.backend"),
+    ("nccl-without-gpus", _with("spec.backend", "nccl"), "spec.backend"),
+    ("env-reserved-rendezvous", _with("spec.env", [{"name": "MASTER_ADDR", "value": "x"}]), "spec.env"),
+    ("env-reserved-world-size", _with("spec.env", [{"name": "WORLD_SIZE", "value": "8"}]), "spec.env"),
+    ("env-reserved-prefix", _with("spec.env", [{"name": "KUBETRAIN_CONFIG_X", "value": "x"}]), "spec.env"),
+    ("env-name-with-equals", _with("spec.env", [{"name": "A=B", "value": "x"}]), "spec.env[0].name"),
+    (
+        "env-value-and-source",
+        _with("spec.env", [{"name": "TOKEN", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]),
+        "spec.env[0].valueFrom",
+    ),
+    ("gpu-in-resources", _with("spec.resources", {"limits": {"nvidia.com/gpu": 1}}), "spec.resources.limits"),
+    ("shm-size-not-quantity", _with("spec.shmSize", "lots"), "spec.shmSize"),
+    ("toleration-operator-unknown", _with("spec.tolerations", [{"operator": "Maybe"}]), "spec.tolerations[0].operator"),
+    ("epochs-zero", _with("spec.training.epochs", 0), "spec.training.epochs"),
+    ("batch-size-zero", _with("spec.training.batchSize", 0), "spec.training.batchSize"),
+    ("learning-rate-zero", _with("spec.training.learningRate", 0), "spec.training.learningRate"),
+    ("grad-accum-zero", _with("spec.training.gradAccumSteps", 0), "spec.training.gradAccumSteps"),
+    ("model-unknown", _with("spec.training.model", "resnet"), "spec.training.model"),
+    ("bf16-on-cpu", _with("spec.training.bf16", True), "spec.training.bf16"),
+    ("checkpoint-keep-zero", _with("spec.checkpoint.keep", 0), "spec.checkpoint.keep"),
+    ("checkpoint-every-steps-zero", _with("spec.checkpoint.everySteps", 0), "spec.checkpoint.everySteps"),
+    (
+        "checkpoint-two-volumes",
+        _with("spec.checkpoint.volume", {"emptyDir": {}, "persistentVolumeClaim": {"claimName": "c"}}),
+        "spec.checkpoint.volume",
+    ),
+    ("max-restarts-negative", _with("spec.runPolicy.maxRestarts", -1), "spec.runPolicy.maxRestarts"),
+    ("clean-pod-policy-unknown", _with("spec.runPolicy.cleanPodPolicy", "Sometimes"), "spec.runPolicy.cleanPodPolicy"),
+    ("deadline-zero", _with("spec.runPolicy.activeDeadlineSeconds", 0), "spec.runPolicy.activeDeadlineSeconds"),
+    ("name-too-long", _with("metadata.name", "j" * 54), "metadata.name"),
+    ("name-starts-with-digit", _with("metadata.name", "1-job"), "metadata.name"),
+]
