@@ -18,11 +18,15 @@ app = typer.Typer(
 
 
 @app.command()
-def crd() -> None:
+def crd(
+    reference: Annotated[
+        bool, typer.Option("--reference", help="Print the README's Markdown field reference instead.")
+    ] = False,
+) -> None:
     """Print the TrainingJob CustomResourceDefinition generated from the API models."""
-    from .crd import crd_yaml
+    from .crd import crd_yaml, reference_markdown
 
-    typer.echo(crd_yaml(), nl=False)
+    typer.echo(reference_markdown() if reference else crd_yaml(), nl=False)
 
 
 @app.command()

@@ -9,6 +9,7 @@ optional meaning "may be absent" rather than nullable, and the Kubernetes extens
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import yaml
@@ -161,3 +162,49 @@ class _NoAliasDumper(yaml.SafeDumper):
 
 def crd_yaml() -> str:
     return HEADER + yaml.dump(crd(), Dumper=_NoAliasDumper, sort_keys=True, width=120, allow_unicode=True)
+
+
+def _type_of(node: dict[str, Any]) -> str:
+    if node.get(INT_OR_STRING):
+        return "quantity"
+    kind = str(node.get("type", "object"))
+    if kind == "array":
+        return f"[]{_type_of(node.get('items', {}))}"
+    if kind == "object" and isinstance(node.get("additionalProperties"), dict):
+        return f"map[string]{_type_of(node['additionalProperties'])}"
+    if "enum" in node:
+        return " \\| ".join(f"`{value}`" for value in node["enum"])
+    return kind
+
+
+def _bounds(node: dict[str, Any]) -> str:
+    parts = []
+    if "minimum" in node or "maximum" in node:
+        low = node.get("minimum", "")
+        high = node.get("maximum", "")
+        left = "(" if node.get("exclusiveMinimum") else "["
+        parts.append(f"{left}{low}, {high}]")
+    for key, label in (("maxLength", "≤{} chars"), ("maxItems", "≤{} items"), ("maxProperties", "≤{} keys")):
+        if key in node:
+            parts.append(label.format(node[key]))
+    return ", ".join(parts)
+
+
+def reference_rows(node: dict[str, Any], path: str) -> list[str]:
+    rows = []
+    for name, child in node.get("properties", {}).items():
+        child_path = f"{path}.{name}"
+        default = child.get("default")
+        default_text = "" if default is None or default == {} else f"`{json.dumps(default)}`"
+        description = " ".join(str(child.get("description", "")).split()).replace("|", "\\|")
+        rows.append(f"| `{child_path}` | {_type_of(child)} | {default_text} | {_bounds(child)} | {description} |")
+        target = child.get("items", child) if child.get("type") == "array" else child
+        rows += reference_rows(target, child_path + ("[]" if child.get("type") == "array" else ""))
+    return rows
+
+
+def reference_markdown() -> str:
+    """The spec field reference for the README (a test keeps the README in sync)."""
+    spec = openapi_schema()["properties"]["spec"]
+    header = ["| field | type | default | bounds | description |", "|---|---|---|---|---|"]
+    return "\n".join(header + reference_rows(spec, "spec")) + "\n"
