@@ -49,5 +49,50 @@ def validate(files: Annotated[list[Path], typer.Argument(help="TrainingJob YAML 
     raise typer.Exit(1 if failed else 0)
 
 
+@app.command()
+def run(
+    file: Annotated[Path, typer.Argument(help="The TrainingJob YAML you would kubectl apply.")],
+    local: Annotated[bool, typer.Option("--local", help="Run the job's pods as processes on this machine.")] = False,
+    nodes: Annotated[int | None, typer.Option(help="Override spec.nodes.")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(help="Override spec.gpusPerNode.")] = None,
+    run_dir: Annotated[
+        Path | None,
+        typer.Option(help="Run directory (default runs/<job>-<time>/); an existing one resumes its checkpoints."),
+    ] = None,
+    netns: Annotated[
+        bool, typer.Option("--netns", help="Root only: each node in its own network namespace and address.")
+    ] = False,
+) -> None:
+    """Run a TrainingJob locally: the operator's pods as processes, same env, same gang restarts.
+
+    Exit codes: 0 succeeded, 1 failed (a node kept failing or the deadline passed), 2 invalid
+    input (nothing was started), 128+N stopped by signal N (130 for Ctrl-C).
+    """
+    if not local:
+        typer.echo(f"on a cluster: kubectl apply -f {file}; on this machine: kubetrain run {file} --local", err=True)
+        raise typer.Exit(2)
+    from .local import run_local
+
+    raise typer.Exit(run_local(file, nodes=nodes, gpus_per_node=gpus_per_node, run_dir=run_dir, netns=netns))
+
+
+@app.command()
+def plot(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (or a metrics.jsonl file).")],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="PNG path (default RUN_DIR/metrics.png).")
+    ] = None,
+) -> None:
+    """Draw the loss and accuracy curves of a run from rank 0's metrics."""
+    from .plot import plot_run
+
+    try:
+        path = plot_run(run_dir, output)
+    except (OSError, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(str(path))
+
+
 def main() -> None:
     app()

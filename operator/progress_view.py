@@ -1,0 +1,161 @@
+"""What a local run shows: merged `[node-i]` output, rank 0's metrics as a live rich progress
+bar on a terminal (plain lines otherwise), and the final summary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import IO, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from .local import LOCAL_REWRITES, LocalPlan, NodeProcess
+from .localrun import RunResult
+
+
+def format_record(record: dict[str, Any]) -> str:
+    """One metrics record as a short human line."""
+    event = record.get("event")
+    where = f"epoch {record.get('epoch')} step {record.get('step')}/{record.get('total_steps')}"
+    if event == "step":
+        return (
+            f"{where} loss {_num(record.get('loss'))} lr {_num(record.get('lr'), '.2e')} "
+            f"{_num(record.get('samples_per_s'), '.0f')} samples/s"
+        )
+    if event == "eval":
+        return f"{where} eval accuracy {_num(record.get('accuracy'))} eval loss {_num(record.get('eval_loss'))}"
+    if event in ("checkpoint", "resume"):
+        return f"{where} {event} {record.get('path')}"
+    if event == "start":
+        resumed = record.get("resumed_from")
+        return f"start: world size {record.get('world_size')}, backend {record.get('backend')}" + (
+            f", resumed from {resumed}" if resumed else ", from scratch"
+        )
+    if event == "done":
+        loss, accuracy = _num(record.get("loss")), _num(record.get("accuracy"))
+        return f"done at step {record.get('step')}: loss {loss} accuracy {accuracy}"
+    return f"{event}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k not in ("event", "time"))
+
+
+def _num(value: Any, fmt: str = ".4f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def header_lines(plan: LocalPlan) -> list[str]:
+    spec = plan.job.spec
+    lines = [
+        f"{plan.job.name}: {spec.nodes} nodes x {spec.procs_per_node} "
+        f"{'GPU' if spec.gpus_per_node else 'CPU'} process(es), run dir {plan.run_dir}",
+        "local rewrites of the rendered pods (everything else as on a cluster):",
+    ]
+    lines += [
+        f"  {names}: {how}"
+        for names, how in LOCAL_REWRITES
+        if plan.netns is not None or not how.startswith("--netns only")
+    ]
+    return lines
+
+
+def summary_lines(result: RunResult) -> list[str]:
+    minutes, seconds = divmod(result.wall_s, 60)
+    lines = [
+        f"{result.outcome}" + (f" ({result.reason})" if result.reason and result.reason != result.outcome else ""),
+        f"  time          {int(minutes)}m{seconds:04.1f}s"
+        + ("" if result.first_step_s is None else f" (first step after {result.first_step_s:.1f}s)"),
+        f"  final step    {_num(result.final_step, 'd')}",
+        f"  final loss    {_num(result.final_loss)}",
+        f"  accuracy      {_num(result.final_accuracy)}",
+        f"  checkpoints   {len(result.checkpoints_written)} written"
+        + (f", last {result.checkpoints_written[-1]}" if result.checkpoints_written else ""),
+        f"  restarts      {result.restarts}",
+        f"  run dir       {result.run_dir}",
+    ]
+    if result.plot:
+        lines.append(f"  plot          {result.plot}")
+    return lines
+
+
+class PlainView:
+    """Line output for pipes, CI and tests: every record as a human line."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self.out = out
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def begin(self, plan: LocalPlan) -> None:
+        for line in header_lines(plan):
+            self.notice(line)
+
+    def attempt(self, attempt: int, nodes: Sequence[NodeProcess], pids: Sequence[int]) -> None:
+        port = nodes[0].env.get("MASTER_PORT", "?")
+        where = ", ".join(f"node-{n.rank} pid {pid}" for n, pid in zip(nodes, pids, strict=True))
+        self.notice(f"attempt {attempt}: {where}; rendezvous {nodes[0].env.get('MASTER_ADDR')}:{port}")
+
+    def output(self, rank: int, stream: str, text: str) -> None:
+        self._print(f"[node-{rank}] {text}")
+
+    def record(self, record: dict[str, Any]) -> None:
+        self._print(f"[node-0] {format_record(record)}")
+
+    def notice(self, text: str) -> None:
+        self._print(f"[kubetrain] {text}")
+
+    def end(self, result: RunResult) -> None:
+        for line in summary_lines(result):
+            self._print(line)
+
+    def close(self) -> None:
+        pass
+
+
+class RichView(PlainView):
+    """A terminal: output lines scroll above a live bar driven by rank 0's step records."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(console.file)
+        self.console = console
+        self.progress = Progress(
+            TextColumn("[bold]epoch {task.fields[epoch]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("acc {task.fields[accuracy]}"),
+            TextColumn("{task.fields[rate]} samples/s"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self.task = self.progress.add_task("train", total=None, epoch="-", loss="-", accuracy="-", rate="-")
+        self.progress.start()
+
+    def _print(self, text: str) -> None:
+        self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def record(self, record: dict[str, Any]) -> None:
+        fields: dict[str, Any] = {"epoch": record.get("epoch", "-")}
+        if record.get("loss") is not None:
+            fields["loss"] = _num(record["loss"])
+        if record.get("accuracy") is not None:
+            fields["accuracy"] = _num(record["accuracy"])
+        if record.get("samples_per_s") is not None:
+            fields["rate"] = _num(record["samples_per_s"], ".0f")
+        self.progress.update(self.task, completed=record.get("step") or 0, total=record.get("total_steps"), **fields)
+        if record.get("event") != "step":
+            super().record(record)
+
+    def end(self, result: RunResult) -> None:
+        self.close()
+        super().end(result)
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def make_view(out: IO[str], *, live: bool | None = None) -> PlainView:
+    console = Console(file=out)
+    if live if live is not None else console.is_terminal:
+        return RichView(console)
+    return PlainView(out)
