@@ -1,0 +1,76 @@
+{{/* Chart name, overridable. */}}
+{{- define "kubetrain.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: <release>-<chart>, or the release name alone when it already contains the chart
+name. Truncated to 63 characters because some Kubernetes name fields are DNS labels.
+*/}}
+{{- define "kubetrain.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kubetrain.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "kubetrain.labels" -}}
+helm.sh/chart: {{ include "kubetrain.chart" . }}
+{{ include "kubetrain.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kubetrain
+{{- end }}
+
+{{/* Selector labels: immutable on a Deployment, so nothing version-dependent here. */}}
+{{- define "kubetrain.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kubetrain.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "kubetrain.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kubetrain.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The operator image: a digest pins it, else the tag, else the chart's appVersion. */}}
+{{- define "kubetrain.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The operator's configuration, passed as environment variables that `kubetrain operator` reads.
+*/}}
+{{- define "kubetrain.operatorEnv" -}}
+- name: KUBETRAIN_WATCH_NAMESPACES
+  value: {{ join "," .Values.operator.watchNamespaces | quote }}
+- name: KUBETRAIN_TRAINER_IMAGE
+  value: {{ .Values.operator.trainerImage | quote }}
+- name: KUBETRAIN_CLUSTER_DOMAIN
+  value: {{ .Values.operator.clusterDomain | quote }}
+- name: KUBETRAIN_LOG_LEVEL
+  value: {{ .Values.operator.logLevel | quote }}
+- name: KUBETRAIN_METRICS_PORT
+  value: {{ ternary (toString .Values.metrics.port) "0" .Values.metrics.enabled | quote }}
+- name: KUBETRAIN_HEALTH_PORT
+  value: {{ .Values.health.port | quote }}
+{{- end }}
