@@ -60,6 +60,8 @@ class RunResult:
     final_step: int | None = None
     checkpoints_written: list[str] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    # Exit codes of the last attempt's node processes, by node rank.
+    node_exit_codes: list[int | None] = field(default_factory=list)
     signal: int | None = None
     plot: str | None = None
 
@@ -86,6 +88,7 @@ class RunResult:
             "finalAccuracy": self.final_accuracy,
             "checkpointsWritten": self.checkpoints_written,
             "failures": self.failures,
+            "nodeExitCodes": self.node_exit_codes,
             "plot": self.plot,
         }
 
@@ -315,6 +318,7 @@ class Supervisor:
             raise
         finally:
             self._finish_attempt(nodes)
+            self.result.node_exit_codes = [node.proc.returncode for node in nodes]
 
 
 class NodeStartError(RuntimeError):

@@ -13,30 +13,6 @@ from .local import LOCAL_REWRITES, LocalPlan, NodeProcess
 from .localrun import RunResult
 
 
-def format_record(record: dict[str, Any]) -> str:
-    """One metrics record as a short human line."""
-    event = record.get("event")
-    where = f"epoch {record.get('epoch')} step {record.get('step')}/{record.get('total_steps')}"
-    if event == "step":
-        return (
-            f"{where} loss {_num(record.get('loss'))} lr {_num(record.get('lr'), '.2e')} "
-            f"{_num(record.get('samples_per_s'), '.0f')} samples/s"
-        )
-    if event == "eval":
-        return f"{where} eval accuracy {_num(record.get('accuracy'))} eval loss {_num(record.get('eval_loss'))}"
-    if event in ("checkpoint", "resume"):
-        return f"{where} {event} {record.get('path')}"
-    if event == "start":
-        resumed = record.get("resumed_from")
-        return f"start: world size {record.get('world_size')}, backend {record.get('backend')}" + (
-            f", resumed from {resumed}" if resumed else ", from scratch"
-        )
-    if event == "done":
-        loss, accuracy = _num(record.get("loss")), _num(record.get("accuracy"))
-        return f"done at step {record.get('step')}: loss {loss} accuracy {accuracy}"
-    return f"{event}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k not in ("event", "time"))
-
-
 def _num(value: Any, fmt: str = ".4f") -> str:
     return "-" if value is None else format(value, fmt)
 
@@ -97,7 +73,9 @@ class PlainView:
         self._print(f"[node-{rank}] {text}")
 
     def record(self, record: dict[str, Any]) -> None:
-        self._print(f"[node-0] {format_record(record)}")
+        # The trainer logs every record as a human line on stderr too; printing it again
+        # would double the output. The raw records are in node-0.log and metrics.jsonl.
+        pass
 
     def notice(self, text: str) -> None:
         self._print(f"[kubetrain] {text}")
@@ -143,8 +121,6 @@ class RichView(PlainView):
         if record.get("samples_per_s") is not None:
             fields["rate"] = _num(record["samples_per_s"], ".0f")
         self.progress.update(self.task, completed=record.get("step") or 0, total=record.get("total_steps"), **fields)
-        if record.get("event") != "step":
-            super().record(record)
 
     def end(self, result: RunResult) -> None:
         self.close()

@@ -1,0 +1,31 @@
+"""The gang decision table: the same rules the operator applies to pods."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubetrain.operator.gang import Decision, decide
+
+CASES = [
+    # (exit codes, restarts, maxRestarts, elapsed, deadline, expected)
+    ([None, None], 0, 3, 5.0, None, Decision("wait")),
+    ([0, None], 0, 3, 5.0, None, Decision("wait")),
+    ([0, 0], 0, 3, 5.0, None, Decision("succeed", "Succeeded")),
+    ([0, 0], 3, 3, 99.0, 10, Decision("succeed", "Succeeded")),
+    ([None, 1], 0, 3, 5.0, None, Decision("restart", "NodeFailed", 1, 1)),
+    ([-9, 1], 2, 3, 5.0, None, Decision("restart", "NodeFailed", 0, -9)),
+    ([0, 137], 2, 3, 5.0, None, Decision("restart", "NodeFailed", 1, 137)),
+    ([None, 1], 3, 3, 5.0, None, Decision("fail", "BackoffLimitExceeded", 1, 1)),
+    ([None, 1], 0, 0, 5.0, None, Decision("fail", "BackoffLimitExceeded", 1, 1)),
+    ([None, None], 0, 3, 10.0, 10, Decision("fail", "DeadlineExceeded")),
+    ([None, 1], 0, 3, 11.0, 10, Decision("fail", "DeadlineExceeded")),
+    ([None, None], 0, 3, 9.9, 10, Decision("wait")),
+]
+
+
+@pytest.mark.parametrize(("codes", "restarts", "max_restarts", "elapsed", "deadline", "expected"), CASES)
+def test_decide(
+    codes: list[int | None], restarts: int, max_restarts: int, elapsed: float, deadline: int | None, expected: Decision
+) -> None:
+    got = decide(codes, restarts=restarts, max_restarts=max_restarts, elapsed_s=elapsed, active_deadline_s=deadline)
+    assert got == expected
