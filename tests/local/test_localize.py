@@ -59,7 +59,7 @@ def test_field_refs_are_emulated_and_secrets_refused(tmp_path: Path) -> None:
     nodes = local.make_plan(write_job(tmp_path, job), run_dir=tmp_path).nodes(attempt=0, master_port=1)
     assert [n.env["POD"] for n in nodes] == ["fake-node-0", "fake-node-1"]
     job["spec"]["env"] = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
-    with pytest.raises(local.LocalRunError, match="spec.env: TOKEN takes its value from secretKeyRef"):
+    with pytest.raises(local.LocalRunError, match=r"spec\.env: TOKEN takes its value from secretKeyRef"):
         local.make_plan(write_job(tmp_path, job), run_dir=tmp_path)
 
 
@@ -74,7 +74,7 @@ def test_gpu_slices(nodes: int, per_node: int, gpus: list[str], expected: list[s
 
 def test_too_few_gpus_is_refused(tmp_path: Path) -> None:
     job = load(write_job(tmp_path, fake_job("pass", nodes=2, gpusPerNode=2)))
-    with pytest.raises(local.LocalRunError, match="spec.gpusPerNode: 2 nodes x 2 GPUs need 4 GPUs"):
+    with pytest.raises(local.LocalRunError, match=r"spec\.gpusPerNode: 2 nodes x 2 GPUs need 4 GPUs"):
         local.device_slices(job, ["0"])
 
 
