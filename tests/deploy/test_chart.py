@@ -1,0 +1,296 @@
+"""The Helm chart, offline: lint, render with default and non-default values, schema rejections,
+least-privilege RBAC, the restricted pod and the CRD copy. The control-plane half is in
+test_chart_cluster.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deploy_tools import (
+    CHART,
+    CLUSTER_ONLY_RULES,
+    NAMESPACED_RULES,
+    RELEASE_NAMESPACE,
+    ROOT,
+    helm,
+    render,
+    rules_of,
+    set_args,
+)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("helm-home")
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def container_env(deployment: dict[str, Any]) -> dict[str, str]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+# Values a user might really set, each with what it must change in the output.
+NON_DEFAULT: dict[str, dict[str, str]] = {
+    "namespaced": {"operator.watchNamespaces": "{team-a,team-b}"},
+    "pinned-image": {"image.digest": "sha256:" + "ab" * 32, "image.pullPolicy": "Always"},
+    "servicemonitor": {"metrics.serviceMonitor.enabled": "true", "metrics.serviceMonitor.labels.release": "prom"},
+    "no-metrics": {"metrics.enabled": "false"},
+    "external-rbac": {"rbac.create": "false", "serviceAccount.create": "false", "serviceAccount.name": "ops"},
+    "tuned": {
+        "operator.trainerImage": "registry.example/kubetrain/trainer:0.1.0-cpu",
+        "operator.clusterDomain": "corp.internal",
+        "operator.logLevel": "debug",
+        "replicaCount": "0",
+        "fullnameOverride": "kubetrain",
+        "tolerations[0].key": "dedicated",
+        "tolerations[0].operator": "Exists",
+    },
+}
+
+
+@pytest.mark.parametrize("values", [{}, *NON_DEFAULT.values()], ids=["default", *NON_DEFAULT])
+def test_lint_strict(home: Path, values: dict[str, str]) -> None:
+    result = helm("lint", "--strict", str(CHART), *set_args(values), home=home)
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+def test_default_render(home: Path) -> None:
+    docs = render(home)
+    assert sorted(doc["kind"] for doc in docs) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+    ]
+    deployment = one(docs, "Deployment")
+    spec = deployment["spec"]
+    pod = spec["template"]["spec"]
+    container = pod["containers"][0]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}, "two standalone kopf operators must never overlap"
+    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
+    assert container["image"] == "kubetrain/operator:0.1.0"
+    assert container["args"] == ["operator"]
+    assert container_env(deployment) == {
+        "KUBETRAIN_WATCH_NAMESPACES": "",
+        "KUBETRAIN_TRAINER_IMAGE": "kubetrain/trainer:0.1.0",
+        "KUBETRAIN_CLUSTER_DOMAIN": "cluster.local",
+        "KUBETRAIN_LOG_LEVEL": "info",
+        "KUBETRAIN_METRICS_PORT": "8000",
+        "KUBETRAIN_HEALTH_PORT": "8080",
+    }
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 8000}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    service = one(docs, "Service")
+    assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert all(doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "kubetrain" for doc in docs)
+
+
+def test_restricted_pod_security(home: Path) -> None:
+    """The restricted Pod Security Standard, field by field (the server's admission check is in
+    test_chart_cluster.py)."""
+    pod = one(render(home), "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    for container in pod["containers"]:
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
+    assert not pod.get("hostNetwork") and not pod.get("hostPID")
+    assert all("hostPath" not in volume for volume in pod.get("volumes", []))
+
+
+def test_cluster_rbac_is_exactly_what_the_operator_uses(home: Path) -> None:
+    docs = render(home)
+    role = one(docs, "ClusterRole")
+    assert rules_of(role) == NAMESPACED_RULES + CLUSTER_ONLY_RULES
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    account = one(docs, "ServiceAccount")["metadata"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["name"], "namespace": RELEASE_NAMESPACE}]
+    assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
+
+
+def test_namespaced_mode_uses_roles_only(home: Path) -> None:
+    docs = render(home, NON_DEFAULT["namespaced"])
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
+    roles = {r["metadata"]["namespace"]: r for r in by_kind(docs, "Role")}
+    bindings = {b["metadata"]["namespace"]: b for b in by_kind(docs, "RoleBinding")}
+    assert sorted(roles) == sorted(bindings) == ["team-a", "team-b"]
+    for namespace, role in roles.items():
+        assert rules_of(role) == NAMESPACED_RULES
+        assert bindings[namespace]["roleRef"]["name"] == role["metadata"]["name"]
+        assert bindings[namespace]["subjects"][0]["namespace"] == RELEASE_NAMESPACE
+    assert container_env(one(docs, "Deployment"))["KUBETRAIN_WATCH_NAMESPACES"] == "team-a,team-b"
+
+
+@pytest.mark.parametrize("values", [{}, NON_DEFAULT["namespaced"]], ids=["cluster", "namespaced"])
+def test_no_wildcards_anywhere(home: Path, values: dict[str, str]) -> None:
+    for doc in render(home, values):
+        for rule in doc.get("rules", []):
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(key, []), f"{doc['kind']} has a wildcard in {key}: {rule}"
+            assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+
+
+def test_non_default_values_take_effect(home: Path) -> None:
+    deployment = one(render(home, NON_DEFAULT["pinned-image"]), "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "kubetrain/operator@sha256:" + "ab" * 32
+    assert container["imagePullPolicy"] == "Always"
+
+    docs = render(home, NON_DEFAULT["tuned"])
+    deployment = one(docs, "Deployment")
+    assert deployment["metadata"]["name"] == "kubetrain"
+    assert deployment["spec"]["replicas"] == 0
+    assert deployment["spec"]["template"]["spec"]["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    env = container_env(deployment)
+    assert env["KUBETRAIN_TRAINER_IMAGE"] == "registry.example/kubetrain/trainer:0.1.0-cpu"
+    assert env["KUBETRAIN_CLUSTER_DOMAIN"] == "corp.internal"
+    assert env["KUBETRAIN_LOG_LEVEL"] == "debug"
+
+    docs = render(home, NON_DEFAULT["external-rbac"])
+    assert sorted(doc["kind"] for doc in docs) == ["Deployment", "Service"]
+    assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
+
+
+def test_metrics_toggles(home: Path) -> None:
+    docs = render(home, NON_DEFAULT["servicemonitor"])
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"] == one(docs, "Service")["spec"]["selector"]
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+    ]
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [RELEASE_NAMESPACE]}
+
+    docs = render(home, NON_DEFAULT["no-metrics"])
+    assert not by_kind(docs, "Service") and not by_kind(docs, "ServiceMonitor")
+    deployment = one(docs, "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert [p["name"] for p in container["ports"]] == ["health"]
+    assert container_env(deployment)["KUBETRAIN_METRICS_PORT"] == "0"
+
+
+# Each a mistake a user could make, with the part of helm's error that must name it.
+BAD_VALUES = [
+    ({"replicaCount": "2"}, "/replicaCount"),
+    ({"image.pullPolicy": "Sometimes"}, "/image/pullPolicy"),
+    ({"image.digest": "sha1:abc"}, "/image/digest"),
+    ({"image.tag": "has space"}, "/image/tag"),
+    ({"metrics.port": "80"}, "/metrics/port"),
+    ({"metrics.port": "70000"}, "/metrics/port"),
+    ({"metrics.serviceMonitor.interval": "30"}, "/metrics/serviceMonitor/interval"),
+    ({"metrics.serviceMonitor.interval": "soon"}, "/metrics/serviceMonitor/interval"),
+    ({"operator.logLevel": "verbose"}, "/operator/logLevel"),
+    ({"operator.watchNamespaces": "{Team_A}"}, "/operator/watchNamespaces/0"),
+    ({"operator.watchNamespaces": "{a,a}"}, "/operator/watchNamespaces"),
+    ({"operator.watchNamespaces": "team-a"}, "/operator/watchNamespaces"),
+    ({"operator.trainerImage": ""}, "/operator/trainerImage"),
+    ({"operator.clusterDomain": "Not A Domain"}, "/operator/clusterDomain"),
+    ({"rbac.create": "maybe"}, "/rbac/create"),
+    ({"serviceAccount.annotations.a": "1"}, "/serviceAccount/annotations/a"),
+    ({"operator.watchNamespace": "{a}"}, "watchNamespace"),
+    ({"tolerance": "{}"}, "tolerance"),
+    ({"metrics.port": "8080"}, "metrics.port and health.port must differ"),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), BAD_VALUES, ids=[m for _, m in BAD_VALUES])
+def test_bad_values_are_rejected(home: Path, values: dict[str, str], message: str) -> None:
+    result = helm("template", "kt", str(CHART), *set_args(values), home=home, check=False)
+    assert result.returncode != 0, f"{values} was accepted"
+    assert message in result.stderr, result.stderr
+
+
+def test_values_file_matches_schema_and_is_commented() -> None:
+    """Every key the schema knows is in values.yaml with a comment above it, and the reverse:
+    the schema's additionalProperties: false makes an undocumented key an install error."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    values = yaml.safe_load("\n".join(lines))
+
+    def walk(node: dict[str, Any], value: Any, path: str) -> None:
+        props = node.get("properties")
+        if not props:
+            return
+        assert isinstance(value, dict), path
+        assert set(value) <= set(props), f"{path}: keys not in the schema: {set(value) - set(props)}"
+        for key, sub in props.items():
+            if key == "global":
+                continue
+            assert key in value, f"{path}{key} is in the schema but not in values.yaml"
+            walk(sub, value[key], f"{path}{key}.")
+
+    walk(schema, values, "")
+    key_line = re.compile(r"^(\s*)([A-Za-z][A-Za-z0-9]*):")
+    for number, line in enumerate(lines):
+        match = key_line.match(line)
+        if not match:
+            continue
+        previous = lines[number - 1].strip() if number else ""
+        parent_is_data = match.group(1) and _inside_default_map(lines, number)
+        if not parent_is_data:
+            assert previous.startswith("#"), f"values.yaml:{number + 1}: `{line.strip()}` has no comment"
+
+
+def _inside_default_map(lines: list[str], number: int) -> bool:
+    """True for keys of a default value (resources.requests.cpu), which are data, not settings."""
+    indent = len(lines[number]) - len(lines[number].lstrip())
+    for previous in reversed(lines[:number]):
+        stripped = previous.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if len(previous) - len(previous.lstrip()) < indent:
+            return previous.strip() in ("requests:", "limits:")
+    return False
+
+
+def test_values_defaults_pass_the_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()), schema)
+
+
+def test_chart_crd_is_the_generated_crd() -> None:
+    """Helm installs charts/kubetrain/crds/ verbatim: it must be byte-identical to crds/, which
+    test_crd.py keeps identical to `kubetrain crd`. Regenerate with
+    `kubetrain crd > crds/trainingjobs.kubetrain.dev.yaml && cp crds/*.yaml charts/kubetrain/crds/`."""
+    chart_crds = sorted(p.name for p in (CHART / "crds").iterdir())
+    assert chart_crds == sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
+    for name in chart_crds:
+        assert (CHART / "crds" / name).read_bytes() == (ROOT / "crds" / name).read_bytes(), (
+            f"charts/kubetrain/crds/{name} differs from crds/{name}: copy it over"
+        )
+
+
+def test_crd_is_not_templated(home: Path) -> None:
+    """The upgrade story: the CRD lives in crds/ only, so `helm uninstall` never deletes it (and
+    with it every TrainingJob). `--include-crds` shows it, `--skip-crds` leaves it out."""
+    assert not by_kind(render(home), "CustomResourceDefinition")
+    assert len(by_kind(render(home, None, "--include-crds"), "CustomResourceDefinition")) == 1

