@@ -94,5 +94,65 @@ def plot(
     typer.echo(str(path))
 
 
+@app.command("operator")
+def operator_(
+    namespaces: Annotated[
+        str,
+        typer.Option(
+            "--namespaces",
+            envvar="KUBETRAIN_WATCH_NAMESPACES",
+            help="Comma-separated namespaces to watch; empty: every namespace (cluster-wide).",
+        ),
+    ] = "",
+    trainer_image: Annotated[
+        str, typer.Option(envvar="KUBETRAIN_TRAINER_IMAGE", help="Image for TrainingJobs that set no spec.image.")
+    ] = "kubetrain/trainer:0.1.0",
+    cluster_domain: Annotated[
+        str, typer.Option(envvar="KUBETRAIN_CLUSTER_DOMAIN", help="Cluster DNS domain of the rendezvous address.")
+    ] = "cluster.local",
+    metrics_port: Annotated[
+        int, typer.Option(envvar="KUBETRAIN_METRICS_PORT", help="Prometheus /metrics port; 0 disables it.")
+    ] = 8000,
+    health_port: Annotated[
+        int, typer.Option(envvar="KUBETRAIN_HEALTH_PORT", help="kopf liveness /healthz port; 0 disables it.")
+    ] = 8080,
+    stuck_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar="KUBETRAIN_STUCK_TIMEOUT_SECONDS",
+            help="Seconds a pod may wait in ImagePullBackOff/CrashLoopBackOff before the gang restarts.",
+        ),
+    ] = 300.0,
+    progress_interval: Annotated[
+        float,
+        typer.Option(
+            envvar="KUBETRAIN_PROGRESS_INTERVAL_SECONDS", help="How often rank 0's log is read for status.progress."
+        ),
+    ] = 15.0,
+    log_level: Annotated[
+        str, typer.Option(envvar="KUBETRAIN_LOG_LEVEL", help="debug, info, warning or error.")
+    ] = "info",
+    log_format: Annotated[str, typer.Option(envvar="KUBETRAIN_LOG_FORMAT", help="json or plain.")] = "json",
+) -> None:
+    """Run the TrainingJob operator against the current kubeconfig (in a pod: its ServiceAccount).
+
+    Standalone kopf (no peering): run exactly one replica.
+    """
+    from .render import RenderSettings
+    from .run import run_operator
+    from .settings import OperatorSettings
+
+    settings = OperatorSettings(
+        namespaces=tuple(n.strip() for n in namespaces.split(",") if n.strip()),
+        render=RenderSettings(cluster_domain=cluster_domain, default_image=trainer_image),
+        stuck_timeout_seconds=stuck_timeout,
+        progress_interval_seconds=progress_interval,
+        metrics_port=metrics_port,
+        health_port=health_port,
+        log_format=log_format,
+    )
+    raise typer.Exit(run_operator(settings, log_level=log_level))
+
+
 def main() -> None:
     app()

@@ -21,9 +21,9 @@ CHECKPOINT_VOLUME = "checkpoints"
 SHM_VOLUME = "dshm"
 SHM_PATH = "/dev/shm"
 MANAGED_BY = "kubetrain-operator"
-# Pod Security "restricted" wants a non-root user; the trainer images run as this uid, and
+# Pod Security "restricted" wants a non-root user; the images (Dockerfile) run as this uid, and
 # fsGroup makes a fresh checkpoint volume writable by it.
-RUN_AS_USER = 1000
+RUN_AS_USER = 10001
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,92 @@
+"""Rank 0's metrics, read from the tail of its log: a pure parser and merge.
+
+The trainer's rank 0 prints one JSON object per line (`{"event": "step", "time": ...,
+"step": ..., "loss": ...}`) between ordinary log lines. The operator reads the last lines of
+rank 0's container log (`pods/log`, read-only) while the job runs and folds the newest
+records into `status.progress` and `status.lastCheckpoint`. Training pods therefore need no
+Kubernetes credentials at all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from .api import LastCheckpoint, Progress
+
+EVENTS = frozenset({"start", "step", "eval", "checkpoint", "resume", "preflight", "done"})
+
+
+def _records(text: str) -> list[dict[str, Any]]:
+    records = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("event") in EVENTS:
+            records.append(record)
+    return records
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _count(value: Any) -> int | None:
+    number = _number(value)
+    return int(number) if number is not None and number >= 0 else None
+
+
+def _time(value: Any) -> datetime | None:
+    number = _number(value)
+    return datetime.fromtimestamp(number, UTC).replace(microsecond=0) if number is not None else None
+
+
+def parse(
+    text: str, previous: Progress | None = None, previous_checkpoint: LastCheckpoint | None = None
+) -> tuple[Progress | None, LastCheckpoint | None]:
+    """Fold the metrics records found in `text` into the previous progress and checkpoint.
+
+    Fields a record does not carry keep their previous value (an eval line does not erase
+    the loss); a checkpoint replaces the last one only if it is not older.
+    """
+    progress = previous.model_copy() if previous is not None else None
+    checkpoint = previous_checkpoint
+    for record in _records(text):
+        update: dict[str, Any] = {}
+        for key, target in (("epoch", "epoch"), ("step", "step"), ("total_steps", "total_steps")):
+            if (count := _count(record.get(key))) is not None:
+                update[target] = count
+        if (updated := _time(record.get("time"))) is not None:
+            update["updated_at"] = updated
+        event = record["event"]
+        if event == "step":
+            if (loss := _number(record.get("loss"))) is not None:
+                update["loss"] = loss
+            if (rate := _number(record.get("samples_per_s"))) is not None and rate >= 0:
+                update["samples_per_second"] = rate
+        elif event == "eval":
+            if (accuracy := _number(record.get("accuracy"))) is not None and 0 <= accuracy <= 1:
+                update["accuracy"] = accuracy
+        elif event in ("checkpoint", "resume"):
+            path, step = record.get("path"), _count(record.get("step"))
+            if isinstance(path, str) and path and step is not None and (checkpoint is None or step >= checkpoint.step):
+                checkpoint = LastCheckpoint(path=path[:1024], step=step, time=_time(record.get("time")))
+        if not update:
+            continue
+        merged = (progress.model_dump() if progress is not None else {}) | update
+        if event == "done" and merged.get("total_steps") is not None:
+            merged["step"] = max(merged.get("step") or 0, merged["total_steps"])
+        step, total = merged.get("step"), merged.get("total_steps")
+        if step is not None and total:
+            merged["percent"] = min(100, int(100 * step / total))
+        progress = Progress.model_validate(merged)
+    return progress, checkpoint

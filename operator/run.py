@@ -1,0 +1,40 @@
+"""`kubetrain operator`: kopf in standalone mode with our handlers, metrics and settings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from .settings import OperatorSettings
+
+
+def run_operator(settings: OperatorSettings, log_level: str = "info") -> int:
+    import kopf
+    from prometheus_client import start_http_server
+
+    from . import handlers
+    from .kube import Kube, load_api_client
+
+    level = getattr(logging, log_level.upper(), logging.INFO)
+    kopf.configure(
+        debug=level <= logging.DEBUG,
+        verbose=level <= logging.INFO,
+        quiet=level >= logging.WARNING,
+        log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.PLAIN,
+    )
+    logging.getLogger().setLevel(level)
+    # The kubernetes client logs every request at DEBUG; kopf's own debug output is enough.
+    logging.getLogger("urllib3").setLevel(max(level, logging.INFO))
+    handlers.setup(settings, Kube(load_api_client(settings.api_workers), settings.api_workers))
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port)
+    asyncio.run(
+        kopf.operator(
+            # Standalone: no kopf peering objects (and no RBAC for them); one replica only.
+            standalone=True,
+            clusterwide=not settings.namespaces,
+            namespaces=list(settings.namespaces),
+            liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None,
+        )
+    )
+    return 0
