@@ -25,11 +25,12 @@ REQUIRE_ENV = "KUBETRAIN_REQUIRE_CONTROL_PLANE"
 # What the operator does, as (apiGroup, resource, verbs). The chart must grant exactly this: a
 # rule more is privilege nobody reviewed, a rule less is an operator that fails at runtime.
 NAMESPACED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
-    ("kubetrain.dev", "trainingjobs", ("get", "list", "watch", "patch", "delete")),
-    ("kubetrain.dev", "trainingjobs/status", ("get", "patch")),
-    ("", "pods", ("get", "list", "watch", "create", "delete")),
+    ("kubetrain.dev", "trainingjobs", ("get", "list", "watch", "delete")),
+    ("kubetrain.dev", "trainingjobs/status", ("update",)),
+    ("kubetrain.dev", "trainingjobs/finalizers", ("update",)),
+    ("", "pods", ("list", "watch", "create", "delete")),
     ("", "pods/log", ("get",)),
-    ("", "services", ("get", "list", "watch", "create")),
+    ("", "services", ("list", "watch", "create")),
     ("", "events", ("create",)),
 ]
 CLUSTER_ONLY_RULES: list[tuple[str, str, tuple[str, ...]]] = [

@@ -55,6 +55,8 @@ NON_DEFAULT: dict[str, dict[str, str]] = {
         "operator.trainerImage": "registry.example/kubetrain/trainer:0.1.0-cpu",
         "operator.clusterDomain": "corp.internal",
         "operator.logLevel": "debug",
+        "operator.logFormat": "plain",
+        "operator.progressIntervalSeconds": "5",
         "replicaCount": "0",
         "fullnameOverride": "kubetrain",
         "tolerations[0].key": "dedicated",
@@ -92,6 +94,9 @@ def test_default_render(home: Path) -> None:
         "KUBETRAIN_TRAINER_IMAGE": "kubetrain/trainer:0.1.0",
         "KUBETRAIN_CLUSTER_DOMAIN": "cluster.local",
         "KUBETRAIN_LOG_LEVEL": "info",
+        "KUBETRAIN_LOG_FORMAT": "json",
+        "KUBETRAIN_STUCK_TIMEOUT_SECONDS": "300",
+        "KUBETRAIN_PROGRESS_INTERVAL_SECONDS": "15",
         "KUBETRAIN_METRICS_PORT": "8000",
         "KUBETRAIN_HEALTH_PORT": "8080",
     }
@@ -173,6 +178,8 @@ def test_non_default_values_take_effect(home: Path) -> None:
     assert env["KUBETRAIN_TRAINER_IMAGE"] == "registry.example/kubetrain/trainer:0.1.0-cpu"
     assert env["KUBETRAIN_CLUSTER_DOMAIN"] == "corp.internal"
     assert env["KUBETRAIN_LOG_LEVEL"] == "debug"
+    assert env["KUBETRAIN_LOG_FORMAT"] == "plain"
+    assert env["KUBETRAIN_PROGRESS_INTERVAL_SECONDS"] == "5"
 
     docs = render(home, NON_DEFAULT["external-rbac"])
     assert sorted(doc["kind"] for doc in docs) == ["Deployment", "Service"]
@@ -214,6 +221,9 @@ BAD_VALUES = [
     ({"operator.trainerImage": ""}, "/operator/trainerImage"),
     ({"operator.clusterDomain": "Not A Domain"}, "/operator/clusterDomain"),
     ({"rbac.create": "maybe"}, "/rbac/create"),
+    ({"operator.logFormat": "xml"}, "/operator/logFormat"),
+    ({"operator.stuckTimeoutSeconds": "0"}, "/operator/stuckTimeoutSeconds"),
+    ({"operator.progressIntervalSeconds": "-1"}, "/operator/progressIntervalSeconds"),
     ({"serviceAccount.annotations.a": "1"}, "/serviceAccount/annotations/a"),
     ({"operator.watchNamespace": "{a}"}, "watchNamespace"),
     ({"tolerance": "{}"}, "tolerance"),

@@ -58,7 +58,8 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{/*
-The operator's configuration, passed as environment variables that `kubetrain operator` reads.
+The operator's configuration, passed as the environment variables that `kubetrain operator` reads
+(operator/cli.py: each flag has a KUBETRAIN_* envvar).
 */}}
 {{- define "kubetrain.operatorEnv" -}}
 - name: KUBETRAIN_WATCH_NAMESPACES
@@ -69,6 +70,12 @@ The operator's configuration, passed as environment variables that `kubetrain op
   value: {{ .Values.operator.clusterDomain | quote }}
 - name: KUBETRAIN_LOG_LEVEL
   value: {{ .Values.operator.logLevel | quote }}
+- name: KUBETRAIN_LOG_FORMAT
+  value: {{ .Values.operator.logFormat | quote }}
+- name: KUBETRAIN_STUCK_TIMEOUT_SECONDS
+  value: {{ .Values.operator.stuckTimeoutSeconds | quote }}
+- name: KUBETRAIN_PROGRESS_INTERVAL_SECONDS
+  value: {{ .Values.operator.progressIntervalSeconds | quote }}
 - name: KUBETRAIN_METRICS_PORT
   value: {{ ternary (toString .Values.metrics.port) "0" .Values.metrics.enabled | quote }}
 - name: KUBETRAIN_HEALTH_PORT
