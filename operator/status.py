@@ -458,7 +458,8 @@ def decide(
         decision.events.append(
             Event("Normal", "Created", f"created headless Service and {spec.nodes} pods (attempt {status.attempt})")
         )
-    if len(by_rank) == spec.nodes and all(p.phase == "Running" for p in current):
+    # Ranks that already exited 0 wait for the others: the gang still runs.
+    if len(by_rank) == spec.nodes and all(p.phase in ("Running", "Succeeded") for p in current):
         message = f"all {spec.nodes} pods of attempt {status.attempt} are running"
         if condition("Running", True, "AllPodsRunning", message):
             decision.events.append(Event("Normal", "Running", message))

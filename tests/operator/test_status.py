@@ -1,0 +1,321 @@
+"""decide(): every path of the reconciler as a pure function of (job, pods, now)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from kubetrain.operator import naming
+from kubetrain.operator.api import TrainingJob, TrainingJobStatus
+from kubetrain.operator.render import render_pod
+from kubetrain.operator.status import Decision, PodView, StaleView, decide, get_condition, is_true
+
+UID = "job-uid"
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def make_job(status: dict[str, Any] | None = None, generation: int = 1, **spec: Any) -> TrainingJob:
+    spec.setdefault("nodes", 3)
+    doc: dict[str, Any] = {
+        "apiVersion": "kubetrain.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "j", "namespace": "ns", "uid": UID, "generation": generation},
+        "spec": spec,
+    }
+    if status is not None:
+        doc["status"] = status
+    return TrainingJob.model_validate(doc)
+
+
+def pod(
+    job: TrainingJob,
+    rank: int,
+    attempt: int = 0,
+    phase: str = "Pending",
+    *,
+    created: datetime = T0,
+    exit_code: int | None = None,
+    reason: str | None = None,
+    terminating: bool = False,
+    waiting: str | None = None,
+    node: str | None = None,
+) -> PodView:
+    body = render_pod(job, "ns", UID, rank, attempt)
+    body["metadata"]["uid"] = f"pod-{rank}-{attempt}"
+    body["metadata"]["creationTimestamp"] = created.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if terminating:
+        body["metadata"]["deletionTimestamp"] = created.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if node:
+        body["spec"]["nodeName"] = node
+    state: dict[str, Any] = {}
+    if exit_code is not None:
+        state = {"terminated": {"exitCode": exit_code, "reason": reason or "Error", "message": "Traceback\nboom"}}
+    elif waiting:
+        state = {"waiting": {"reason": waiting}}
+    body["status"] = {"phase": phase, "containerStatuses": [{"name": "trainer", "state": state}] if state else []}
+    return PodView.from_pod(body)
+
+
+def step(job: TrainingJob, pods: list[PodView], now: datetime = T0, service: bool = True) -> Decision:
+    return decide(job, UID, pods, service, now)
+
+
+def advance(job: TrainingJob, decision: Decision) -> TrainingJob:
+    """The job as the API server holds it after the decision's status was written."""
+    return job.model_copy(update={"status": TrainingJobStatus.model_validate(decision.status.wire())})
+
+
+def cond(decision: Decision, kind: str) -> tuple[str, str] | None:
+    c = get_condition(decision.status, kind)
+    return None if c is None else (c.status, c.reason)
+
+
+def test_new_job_creates_service_and_every_pod() -> None:
+    d = step(make_job(), [], service=False)
+    assert d.create_service and d.create_ranks == [0, 1, 2] and not d.delete_pods
+    assert not d.commit_first  # create first, then write the status that counts them
+    assert d.status.phase == "Pending" and d.status.start_time == T0
+    assert cond(d, "Created") == ("True", "PodsCreated")
+    assert d.status.replicas is not None and d.status.replicas.active == 3
+    assert [e.reason for e in d.events] == ["Created"]
+
+
+def test_steady_state_is_a_fixed_point() -> None:
+    job = make_job()
+    d1 = step(job, [], service=False)
+    job = advance(job, d1)
+    pods = [pod(job, r) for r in range(3)]
+    d2 = step(job, pods, T0 + timedelta(seconds=5))
+    assert not d2.create_ranks and not d2.delete_pods and not d2.events and not d2.create_service
+    assert d2.status.wire() == job.status.wire()  # type: ignore[union-attr]
+
+
+def test_partial_creation_creates_only_the_missing_ranks() -> None:
+    job = make_job()
+    d = step(job, [pod(job, 1)], service=False)
+    assert d.create_ranks == [0, 2]
+
+
+def test_all_running_sets_running_and_event() -> None:
+    job = advance(make_job(), step(make_job(), [], service=False))
+    d = step(job, [pod(job, r, phase="Running") for r in range(3)])
+    assert d.status.phase == "Running" and cond(d, "Running") == ("True", "AllPodsRunning")
+    assert [e.reason for e in d.events] == ["Running"]
+    assert d.status.replicas is not None and d.status.replicas.ready == 3
+
+
+def running_job(**spec: Any) -> tuple[TrainingJob, list[PodView]]:
+    job = make_job(**spec)
+    job = advance(job, step(job, [], service=False))
+    pods = [pod(job, r, phase="Running", node="n1") for r in range(job.spec.nodes)]
+    return advance(job, step(job, pods)), pods
+
+
+def test_one_failed_pod_restarts_the_whole_gang() -> None:
+    job, pods = running_job()
+    pods[1] = pod(job, 1, phase="Failed", exit_code=137, reason="OOMKilled", node="n1")
+    d = step(job, pods, T0 + timedelta(minutes=1))
+    assert d.commit_first
+    assert d.status.attempt == 1 and d.status.restarts == 1
+    assert sorted(d.delete_pods) == sorted((p.name, p.uid) for p in pods)
+    assert d.create_ranks == []  # every name is still taken by the old attempt
+    (failure,) = d.status.failures or []
+    assert (failure.attempt, failure.rank, failure.pod, failure.node, failure.exit_code, failure.reason) == (
+        0,
+        1,
+        "j-node-1",
+        "n1",
+        137,
+        "OOMKilled",
+    )
+    assert "boom" in failure.message
+    assert d.status.phase == "Restarting"
+    assert cond(d, "Restarting") == ("True", "OOMKilled") and cond(d, "Running") == ("False", "Restarting")
+    assert [e.reason for e in d.events] == ["GangRestart"]
+
+    # The old pods are gone: the next attempt is created, and Running clears Restarting.
+    job = advance(job, d)
+    d = step(job, [], T0 + timedelta(minutes=2))
+    assert d.create_ranks == [0, 1, 2] and d.status.attempt == 1
+    job = advance(job, d)
+    d = step(job, [pod(job, r, attempt=1, phase="Running") for r in range(3)], T0 + timedelta(minutes=3))
+    assert d.status.phase == "Running" and cond(d, "Restarting") == ("False", "AllPodsRunning")
+
+
+def test_old_attempt_pods_are_deleted_and_never_counted() -> None:
+    job, _ = running_job()
+    job = advance(job, step(job, [pod(job, 0, phase="Failed", exit_code=1)]))
+    assert job.status is not None and job.status.attempt == 1
+    leftovers = [pod(job, 1, attempt=0, phase="Running"), pod(job, 2, attempt=0, phase="Running")]
+    d = step(job, leftovers)
+    assert sorted(n for n, _ in d.delete_pods) == ["j-node-1", "j-node-2"]
+    assert d.create_ranks == [0] and d.status.restarts == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"terminating": True}, "PodDeleted"),
+        ({"phase": "Pending", "waiting": "ImagePullBackOff", "created": T0 - timedelta(minutes=10)}, "ImagePullBackOff"),
+    ],
+)
+def test_deleted_or_stuck_pod_restarts_the_gang(change: dict[str, Any], reason: str) -> None:
+    job, pods = running_job()
+    pods[2] = pod(job, 2, **{"phase": "Running", **change})
+    d = step(job, pods, T0 + timedelta(minutes=1))
+    assert d.status.attempt == 1 and (d.status.failures or [])[-1].reason == reason
+
+
+def test_missing_pod_after_all_were_seen_is_a_deletion() -> None:
+    job, pods = running_job()
+    d = step(job, pods[:2])
+    assert d.status.attempt == 1 and (d.status.failures or [])[-1].reason == "PodDeleted"
+    assert d.create_ranks == [2]  # its name is free: the new attempt may start there
+
+
+def test_stuck_pod_within_timeout_only_requeues() -> None:
+    job, pods = running_job()
+    pods[0] = pod(job, 0, waiting="ImagePullBackOff", created=T0)
+    d = step(job, pods, T0 + timedelta(minutes=1))
+    assert d.status.attempt == 0 and d.requeue_after == pytest.approx(240)
+
+
+def test_max_restarts_exhausted_fails_and_stops_every_running_pod() -> None:
+    job, pods = running_job(runPolicy={"maxRestarts": 1})
+    job = advance(job, step(job, [pod(job, 0, phase="Failed", exit_code=1), *pods[1:]]))
+    running = [pod(job, r, attempt=1, phase="Running") for r in range(3)]
+    job = advance(job, step(job, running))
+    running[2] = pod(job, 2, attempt=1, phase="Failed", exit_code=3)
+    d = step(job, running, T0 + timedelta(hours=1))
+    assert d.status.phase == "Failed" and cond(d, "Failed") == ("True", "BackoffLimitExceeded")
+    assert d.status.restarts == 1 and len(d.status.failures or []) == 2
+    assert sorted(n for n, _ in d.delete_pods) == ["j-node-0", "j-node-1"]  # the failed one keeps its logs
+    assert d.status.completion_time == T0 + timedelta(hours=1)
+    assert cond(d, "Running") == ("False", "Failed")
+
+
+def test_success_needs_every_node() -> None:
+    job, _ = running_job()
+    done = [pod(job, 0, phase="Succeeded", exit_code=0), pod(job, 1, phase="Succeeded", exit_code=0)]
+    d = step(job, [*done, pod(job, 2, phase="Running")])
+    assert d.status.phase == "Running"
+    d = step(job, [*done, pod(job, 2, phase="Succeeded", exit_code=0)], T0 + timedelta(hours=2))
+    assert d.status.phase == "Succeeded" and cond(d, "Succeeded") == ("True", "AllNodesSucceeded")
+    assert d.status.completion_time == T0 + timedelta(hours=2) and not d.delete_pods
+
+
+@pytest.mark.parametrize(
+    ("policy", "deleted"),
+    [("Running", ["j-node-1", "j-node-2"]), ("All", ["j-node-0", "j-node-1", "j-node-2"]), ("None", [])],
+)
+def test_deadline_fails_and_applies_clean_pod_policy(policy: str, deleted: list[str]) -> None:
+    job, _ = running_job(runPolicy={"activeDeadlineSeconds": 60, "cleanPodPolicy": policy})
+    assert job.status is not None and job.status.start_time == T0
+    pods = [pod(job, 0, phase="Succeeded", exit_code=0), pod(job, 1, phase="Running"), pod(job, 2)]
+    d = step(job, pods, T0 + timedelta(seconds=61))
+    assert cond(d, "Failed") == ("True", "DeadlineExceeded") and d.status.phase == "Failed"
+    assert sorted(n for n, _ in d.delete_pods) == deleted
+
+
+def test_deadline_requeues_until_due() -> None:
+    job, pods = running_job(runPolicy={"activeDeadlineSeconds": 600})
+    d = step(job, pods, T0 + timedelta(seconds=100))
+    assert d.status.phase == "Running" and d.requeue_after == pytest.approx(500)
+
+
+def test_scheduling_timeout_fails_with_the_schedulers_message() -> None:
+    job = make_job(runPolicy={"schedulingTimeoutSeconds": 30})
+    job = advance(job, step(job, [], service=False))
+    body = render_pod(job, "ns", UID, 1, 0)
+    body["metadata"].update(uid="u1", creationTimestamp="2026-01-01T12:00:00Z")
+    body["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes: Insufficient nvidia.com/gpu"}
+        ],
+    }
+    pods = [pod(job, 0, phase="Running", node="n"), PodView.from_pod(body), pod(job, 2, phase="Running", node="n")]
+    assert step(job, pods, T0 + timedelta(seconds=10)).requeue_after == pytest.approx(20)
+    d = step(job, pods, T0 + timedelta(seconds=31))
+    assert cond(d, "Failed") == ("True", "Unschedulable")
+    failed = get_condition(d.status, "Failed")
+    assert failed is not None and "Insufficient nvidia.com/gpu" in failed.message
+    assert sorted(n for n, _ in d.delete_pods) == ["j-node-0", "j-node-1", "j-node-2"]
+
+
+def test_suspend_deletes_pods_and_resume_recreates_a_fresh_attempt() -> None:
+    job, pods = running_job(runPolicy={"activeDeadlineSeconds": 600})
+    suspended = job.model_copy(deep=True)
+    suspended.spec.run_policy.suspend = True
+    d = step(suspended, pods, T0 + timedelta(minutes=1))
+    assert d.status.phase == "Suspended" and cond(d, "Suspended") == ("True", "Suspended")
+    assert len(d.delete_pods) == 3 and d.commit_first and not d.create_ranks
+    assert d.status.attempt == 1 and d.status.restarts == 0 and d.status.start_time is None
+    assert cond(d, "Running") == ("False", "Suspended")
+    suspended = advance(suspended, d)
+    d = step(suspended, [], T0 + timedelta(minutes=2))
+    assert d.status.phase == "Suspended" and not d.create_ranks and not d.delete_pods
+
+    resumed = advance(suspended, d).model_copy(deep=True)
+    resumed.spec.run_policy.suspend = False
+    d = step(resumed, [], T0 + timedelta(hours=1))
+    assert cond(d, "Suspended") == ("False", "Resumed") and d.create_ranks == [0, 1, 2]
+    assert d.status.start_time == T0 + timedelta(hours=1)  # the deadline clock restarts
+    assert d.status.phase == "Pending"
+
+
+def test_job_created_suspended_creates_nothing() -> None:
+    d = step(make_job(runPolicy={"suspend": True}), [], service=False)
+    assert not d.create_ranks and not d.create_service and d.status.phase == "Suspended"
+
+
+def test_ttl_after_finished() -> None:
+    job, _ = running_job(runPolicy={"ttlSecondsAfterFinished": 100})
+    done = [pod(job, r, phase="Succeeded", exit_code=0) for r in range(3)]
+    job = advance(job, step(job, done, T0))
+    d = step(job, done, T0 + timedelta(seconds=40))
+    assert not d.delete_job and d.requeue_after == pytest.approx(60)
+    assert step(job, done, T0 + timedelta(seconds=100)).delete_job
+
+
+def test_finished_job_is_never_restarted() -> None:
+    job, _ = running_job()
+    job = advance(job, step(job, [pod(job, r, phase="Succeeded", exit_code=0) for r in range(3)]))
+    d = step(job, [])
+    assert d.status.phase == "Succeeded" and not d.create_ranks and d.status.attempt == 0
+
+
+def test_pods_of_a_newer_attempt_mean_a_stale_view() -> None:
+    job, _ = running_job()
+    with pytest.raises(StaleView):
+        step(job, [pod(job, 0, attempt=5)])
+
+
+def test_foreign_pod_holding_a_name_blocks_only_that_rank() -> None:
+    job = make_job()
+    body = render_pod(job, "ns", "older-job-uid", 0, 0)
+    body["metadata"]["uid"] = "x"
+    d = step(job, [PodView.from_pod(body)], service=False)
+    assert d.create_ranks == [1, 2] and not d.delete_pods
+
+
+def test_conditions_keep_transition_time_and_track_generation() -> None:
+    job, pods = running_job()
+    before = get_condition(job.status, "Running")  # type: ignore[arg-type]
+    job = job.model_copy(update={"metadata": job.metadata.model_copy(update={"generation": 2})})
+    d = step(job, pods, T0 + timedelta(hours=1))
+    after = get_condition(d.status, "Running")
+    assert before is not None and after is not None
+    assert after.last_transition_time == before.last_transition_time and after.observed_generation == 2
+    assert d.status.observed_generation == 2 and is_true(d.status, "Created")
+
+
+def test_failure_history_is_bounded() -> None:
+    job, pods = running_job(runPolicy={"maxRestarts": 100})
+    for attempt in range(25):
+        job = advance(job, step(job, [pod(job, 0, attempt=attempt, phase="Failed", exit_code=1)]))
+    assert job.status is not None and job.status.restarts == 25 and len(job.status.failures or []) == 20
+    assert (job.status.failures or [])[-1].attempt == 24
+    assert naming.LABEL_ATTEMPT  # the label the attempts are read from
