@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from kubetrain.operator import naming
 from kubetrain.operator.api import TrainingJob, TrainingJobStatus
 from kubetrain.operator.render import render_pod
 from kubetrain.operator.status import Decision, PodView, StaleView, decide, get_condition, is_true
@@ -158,7 +157,10 @@ def test_old_attempt_pods_are_deleted_and_never_counted() -> None:
     ("change", "reason"),
     [
         ({"terminating": True}, "PodDeleted"),
-        ({"phase": "Pending", "waiting": "ImagePullBackOff", "created": T0 - timedelta(minutes=10)}, "ImagePullBackOff"),
+        (
+            {"phase": "Pending", "waiting": "ImagePullBackOff", "created": T0 - timedelta(minutes=10)},
+            "ImagePullBackOff",
+        ),
     ],
 )
 def test_deleted_or_stuck_pod_restarts_the_gang(change: dict[str, Any], reason: str) -> None:
@@ -233,7 +235,12 @@ def test_scheduling_timeout_fails_with_the_schedulers_message() -> None:
     body["status"] = {
         "phase": "Pending",
         "conditions": [
-            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes: Insufficient nvidia.com/gpu"}
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes: Insufficient nvidia.com/gpu",
+            }
         ],
     }
     pods = [pod(job, 0, phase="Running", node="n"), PodView.from_pod(body), pod(job, 2, phase="Running", node="n")]
@@ -313,9 +320,8 @@ def test_conditions_keep_transition_time_and_track_generation() -> None:
 
 
 def test_failure_history_is_bounded() -> None:
-    job, pods = running_job(runPolicy={"maxRestarts": 100})
+    job, _ = running_job(runPolicy={"maxRestarts": 100})
     for attempt in range(25):
         job = advance(job, step(job, [pod(job, 0, attempt=attempt, phase="Failed", exit_code=1)]))
     assert job.status is not None and job.status.restarts == 25 and len(job.status.failures or []) == 20
     assert (job.status.failures or [])[-1].attempt == 24
-    assert naming.LABEL_ATTEMPT  # the label the attempts are read from
