@@ -1,0 +1,277 @@
+"""The chart against a real kube-apiserver: the rendered manifests pass server-side dry-run
+(schemas, admission, Pod Security), `helm install` really installs, and the operator's
+ServiceAccount can do exactly what the operator needs: `kubectl auth can-i` for every allowed
+and a table of denied requests, then the real `kubetrain operator`, configured by the chart's
+own env and authenticated as that ServiceAccount, reconciles a job through a gang restart."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cases import valid_job
+from cluster.controlplane import ControlPlane, free_port, wait_for
+from deploy_tools import CHART, CLUSTER_ONLY_RULES, NAMESPACED_RULES
+
+from kubetrain.operator import naming
+
+pytestmark = pytest.mark.cluster
+
+CRD_NAME = naming.CRD_NAME
+
+# Requests the operator never makes; each must be refused in every mode.
+DENIED: list[tuple[str, str]] = [
+    ("create", "trainingjobs.kubetrain.dev"),
+    ("update", "trainingjobs.kubetrain.dev"),
+    ("patch", "trainingjobs.kubetrain.dev"),
+    ("patch", "trainingjobs.kubetrain.dev/status"),
+    ("update", "pods"),
+    ("patch", "pods"),
+    ("create", "pods/exec"),
+    ("create", "pods/eviction"),
+    ("delete", "services"),
+    ("update", "services"),
+    ("get", "secrets"),
+    ("list", "secrets"),
+    ("get", "configmaps"),
+    ("create", "persistentvolumeclaims"),
+    ("create", "serviceaccounts/token"),
+    ("create", "deployments.apps"),
+    ("create", "jobs.batch"),
+    ("create", "roles.rbac.authorization.k8s.io"),
+    ("create", "rolebindings.rbac.authorization.k8s.io"),
+    ("delete", "events"),
+    ("list", "nodes"),
+    ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("*", "*"),
+]
+
+
+def can_i(cp: ControlPlane, subject: str, verb: str, resource: str, namespace: str | None) -> bool:
+    group_resource, _, subresource = resource.partition("/")
+    args = ["auth", "can-i", verb, group_resource, f"--as={subject}"]
+    if subresource:
+        args.append(f"--subresource={subresource}")
+    args += ["-n", namespace] if namespace else ["--all-namespaces"]
+    result = cp.kubectl(*args, check=False)
+    answer = result.stdout.strip()
+    assert answer in ("yes", "no"), f"kubectl {' '.join(args)}: {result.stdout}{result.stderr}"
+    return answer == "yes"
+
+
+def resource_name(group: str, resource: str) -> str:
+    name, _, sub = resource.partition("/")
+    full = f"{name}.{group}" if group else name
+    return f"{full}/{sub}" if sub else full
+
+
+def expected_requests(rules: list[tuple[str, str, tuple[str, ...]]]) -> list[tuple[str, str]]:
+    return [(verb, resource_name(group, resource)) for group, resource, verbs in rules for verb in verbs]
+
+
+@pytest.fixture
+def extra_namespaces(control_plane: ControlPlane) -> Iterator[list[str]]:
+    """Two more fresh namespaces: one watched, one not."""
+    names = [f"watched-{uuid.uuid4().hex[:6]}", f"other-{uuid.uuid4().hex[:6]}"]
+    for name in names:
+        control_plane.kubectl("create", "namespace", name)
+    yield names
+    for name in names:
+        control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def release(control_plane: ControlPlane, namespace: str) -> Iterator[tuple[str, str]]:
+    """A release name unique to the test (its ClusterRole is cluster-scoped), uninstalled after."""
+    name = f"kt-{uuid.uuid4().hex[:6]}"
+    yield name, namespace
+    control_plane.helm("uninstall", name, "-n", namespace, "--wait=false", check=False)
+
+
+def template(cp: ControlPlane, release: str, namespace: str, *args: str) -> str:
+    return cp.helm("template", release, str(CHART), "-n", namespace, *args).stdout
+
+
+@pytest.mark.parametrize("mode", ["cluster", "namespaced"])
+def test_server_dry_run_accepts_the_rendered_chart(
+    control_plane: ControlPlane, namespace: str, extra_namespaces: list[str], mode: str
+) -> None:
+    """The API server validates every object (schemas, RBAC escalation checks, admission) and
+    Pod Security's `restricted` level has nothing to warn about."""
+    control_plane.kubectl(
+        "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/warn=restricted",
+    )  # fmt: skip
+    args = ["--include-crds", "--set", "metrics.service.annotations.prometheus\\.io/scrape=true"]
+    if mode == "namespaced":
+        args += ["--set", f"operator.watchNamespaces={{{extra_namespaces[0]}}}"]
+    manifests = template(control_plane, "dry", namespace, *args)
+    result = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=manifests)
+    kinds = {line.split("/")[0] for line in result.stdout.splitlines()}
+    expected = {"serviceaccount", "service", "deployment.apps", "customresourcedefinition.apiextensions.k8s.io"}
+    expected |= (
+        {"role.rbac.authorization.k8s.io", "rolebinding.rbac.authorization.k8s.io"}
+        if mode == "namespaced"
+        else {"clusterrole.rbac.authorization.k8s.io", "clusterrolebinding.rbac.authorization.k8s.io"}
+    )
+    assert kinds == expected, result.stdout
+    assert "PodSecurity" not in result.stderr, result.stderr
+
+
+def test_helm_install_cluster_mode_grants_exactly_the_operator_rules(
+    control_plane: ControlPlane, release: tuple[str, str], extra_namespaces: list[str]
+) -> None:
+    name, namespace = release
+    out = control_plane.helm("install", name, str(CHART), "-n", namespace).stdout
+    # NOTES.txt: the next commands, with this release's names.
+    assert f"kubectl -n {namespace} rollout status deployment/{name}-kubetrain" in out
+    assert "kubectl wait --for=condition=Succeeded trainingjob/digits-cpu" in out
+    control_plane.kubectl("get", "crd", CRD_NAME)
+    deployment = yaml.safe_load(
+        control_plane.kubectl("get", "deployment", f"{name}-kubetrain", "-n", namespace, "-o", "yaml").stdout
+    )
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == f"{name}-kubetrain"
+
+    subject = f"system:serviceaccount:{namespace}:{name}-kubetrain"
+    for watched in [*extra_namespaces, None]:
+        for verb, resource in expected_requests(NAMESPACED_RULES):
+            assert can_i(control_plane, subject, verb, resource, watched), f"cannot {verb} {resource} in {watched}"
+        for verb, resource in DENIED:
+            assert not can_i(control_plane, subject, verb, resource, watched), f"may {verb} {resource} in {watched}"
+    for verb, resource in expected_requests(CLUSTER_ONLY_RULES):
+        assert can_i(control_plane, subject, verb, resource, None), f"cannot {verb} {resource}"
+    assert not can_i(control_plane, subject, "list", "namespaces", None)
+
+    # The upgrade story: the CRD came from crds/, so uninstalling the chart leaves it (and every
+    # TrainingJob) in place.
+    control_plane.helm("uninstall", name, "-n", namespace, "--wait")
+    control_plane.kubectl("get", "crd", CRD_NAME)
+    assert not can_i(control_plane, subject, "create", "pods", extra_namespaces[0])
+
+
+def test_helm_install_namespaced_mode_is_confined_to_its_namespaces(
+    control_plane: ControlPlane, release: tuple[str, str], extra_namespaces: list[str]
+) -> None:
+    name, namespace = release
+    watched, other = extra_namespaces
+    # A second release next to a cluster-mode one would find the CRD present: helm skips it.
+    control_plane.helm("install", name, str(CHART), "-n", namespace, "--set", f"operator.watchNamespaces={{{watched}}}")
+    subject = f"system:serviceaccount:{namespace}:{name}-kubetrain"
+    for verb, resource in expected_requests(NAMESPACED_RULES):
+        assert can_i(control_plane, subject, verb, resource, watched), f"cannot {verb} {resource} in {watched}"
+        assert not can_i(control_plane, subject, verb, resource, other), f"may {verb} {resource} in {other}"
+        assert not can_i(control_plane, subject, verb, resource, namespace), f"may {verb} {resource} in {namespace}"
+        assert not can_i(control_plane, subject, verb, resource, None), f"may {verb} {resource} cluster-wide"
+    for verb, resource in DENIED:
+        assert not can_i(control_plane, subject, verb, resource, watched), f"may {verb} {resource} in {watched}"
+    for verb, resource in expected_requests(CLUSTER_ONLY_RULES):
+        assert not can_i(control_plane, subject, verb, resource, None), f"may {verb} {resource}"
+
+
+def service_account_kubeconfig(cp: ControlPlane, namespace: str, account: str, path: Path) -> Path:
+    token = cp.kubectl("create", "token", account, "-n", namespace, "--duration=1h").stdout.strip()
+    config: dict[str, Any] = yaml.safe_load(cp.kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": token}
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_operator_runs_with_the_charts_env_and_service_account(
+    control_plane: ControlPlane, crds_installed: ControlPlane, release: tuple[str, str], extra_namespaces: list[str],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """`kubetrain operator` with the Deployment's own env, as the chart's ServiceAccount in
+    namespaced mode (the narrower rule set; cluster mode adds only the CRD watch): it creates
+    the gang, writes status, posts events and, after a pod is deleted, restarts the gang. A
+    missing verb would show up as a 403 in its log."""
+    from kubernetes import client
+
+    name, namespace = release
+    watched = extra_namespaces[0]
+    values = ["--set", f"operator.watchNamespaces={{{watched}}}", "--set", "operator.logFormat=plain"]
+    control_plane.helm("install", name, str(CHART), "-n", namespace, *values)
+    rendered = yaml.safe_load_all(template(control_plane, name, namespace, *values))
+    deployment = next(doc for doc in rendered if doc and doc["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    health, metrics = free_port(), free_port()
+    env |= {"KUBETRAIN_HEALTH_PORT": str(health), "KUBETRAIN_METRICS_PORT": str(metrics)}
+    kubeconfig = service_account_kubeconfig(control_plane, namespace, f"{name}-kubetrain", tmp_path / "sa.kubeconfig")
+    log_path = tmp_path / "operator.log"
+    kubetrain = Path(sys.executable).parent / "kubetrain"
+    process_env = {k: v for k, v in os.environ.items() if not k.startswith("KUBETRAIN_")}
+    process_env |= env | {"KUBECONFIG": str(kubeconfig)}
+    process_env.pop("KUBERNETES_SERVICE_HOST", None)
+    with log_path.open("wb") as log:
+        operator = subprocess.Popen(
+            [str(kubetrain), *container["args"]], stdout=log, stderr=subprocess.STDOUT, env=process_env
+        )
+    try:
+
+        def get(path: str) -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{path}", timeout=2) as response:
+                    return bool(response.status == 200)
+            except OSError:
+                assert operator.poll() is None, f"operator exited:\n{log_path.read_text()}"
+                return False
+
+        wait_for(lambda: get(f"{health}/healthz"), 60, "the operator's /healthz (the probes' path and port)")
+        assert get(f"{metrics}/metrics")
+
+        with control_plane.api_client() as api:
+            custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+            job = valid_job("rbac-probe")
+            custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, watched, naming.PLURAL, job)
+
+            def pods() -> list[Any]:
+                return list(core.list_namespaced_pod(watched, label_selector=f"{naming.LABEL_JOB}=rbac-probe").items)
+
+            def status() -> dict[str, Any]:
+                body = custom.get_namespaced_custom_object(
+                    naming.GROUP, naming.VERSION, watched, naming.PLURAL, "rbac-probe"
+                )
+                return dict(body.get("status") or {})
+
+            first = wait_for(lambda: (found := pods()) and len(found) == 2 and found, 60, "the gang's 2 pods")
+            core.read_namespaced_service("rbac-probe", watched)
+            wait_for(lambda: status().get("phase"), 60, "status written through the status subresource")
+            wait_for(
+                lambda: core.list_namespaced_event(watched, field_selector="involvedObject.name=rbac-probe").items,
+                60,
+                "an event on the TrainingJob",
+            )
+            core.delete_namespaced_pod(first[1].metadata.name, watched)
+            wait_for(lambda: status().get("restarts", 0) >= 1, 60, "a gang restart after a pod was deleted")
+            old_uids = {pod.metadata.uid for pod in first}
+            wait_for(
+                lambda: len(pods()) == 2 and not {p.metadata.uid for p in pods()} & old_uids,
+                60,
+                "the operator to delete the surviving pod and create a new gang",
+            )
+    finally:
+        operator.terminate()
+        try:
+            operator.wait(15)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+            operator.wait(5)
+    log_text = log_path.read_text()
+    # kopf's namespace and CRD observers are refused by design in namespaced mode (a Role
+    # cannot grant cluster-scoped reads); it says so and falls back. Nothing else may be.
+    forbidden = [
+        line
+        for line in log_text.splitlines()
+        if ("403" in line or "forbidden" in line.lower()) and "Not enough permissions" not in line
+    ]
+    assert not forbidden, "\n".join(forbidden)
