@@ -12,6 +12,7 @@ import pytest
 from deploy_tools import ROOT, missing_tool, which
 from packaging.requirements import Requirement
 
+from kubetrain.operator.render import RUN_AS_USER
 from kubetrain.trainer.contract import DEFAULT_COMMAND
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -85,6 +86,9 @@ def test_targets_run_as_numeric_non_root(target: str) -> None:
     assert users, f"{target} sets no USER"
     uid = users[-1].split(":")[0]
     assert uid.isdigit() and int(uid) != 0, f"{target}: USER {users[-1]}"
+    # The operator renders trainer pods with this runAsUser/fsGroup; the image must agree, or
+    # files the image owns (its home, examples/) are not the pod user's.
+    assert users[-1] == f"{RUN_AS_USER}:{RUN_AS_USER}"
 
 
 def test_operator_target_installs_no_torch() -> None:
