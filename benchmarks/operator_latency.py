@@ -1,0 +1,192 @@
+"""Operator latency on the real control plane: N jobs x M nodes created at once.
+
+Measures, per job, the time from its create request returning to the client seeing (through
+a watch) the last of its children (headless Service + M pods); the API writes the operator
+made per job, counted by the API server itself (apiserver_request_total, minus the
+benchmark's own job creations); and the operator's resident memory.
+
+    .venv/bin/python benchmarks/operator_latency.py [--jobs 50] [--nodes 4]
+
+Writes benchmarks/results/operator_latency.json. Needs the binaries of
+tests/cluster/install.sh (the same control plane as the tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "operator")]
+
+from cluster import controlplane  # noqa: E402
+from cluster.controlplane import wait_for  # noqa: E402
+from operator_tools import OperatorProcess  # noqa: E402
+
+from kubetrain.operator import naming  # noqa: E402
+
+WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
+RESOURCES = ("pods", "services", "events", "trainingjobs")
+
+
+def server_writes(api: Any) -> dict[str, float]:
+    """apiserver_request_total for writes on the operator's resources, by verb/resource/subresource."""
+    text = api.call_api("/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False)[0].data.decode()
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+        if labels.get("verb") in WRITE_VERBS and labels.get("resource") in RESOURCES:
+            key = f"{labels['verb']} {labels['resource']}" + (
+                f"/{labels['subresource']}" if labels.get("subresource") else ""
+            )
+            counts[key] = counts.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=50)
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "operator_latency.json")
+    args = parser.parse_args()
+
+    import psutil
+    from kubernetes import client, watch
+
+    workdir = Path(tempfile.mkdtemp(prefix="kubetrain-bench-"))
+    cp = controlplane.start(workdir=workdir / "cp")
+    try:
+        cp.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(ROOT / "crds"))
+        api = cp.api_client()
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        namespace = "bench"
+        core.create_namespace({"metadata": {"name": namespace}})
+        wait_for(lambda: core.read_namespaced_service_account("default", namespace), 30, "default SA")
+
+        proc = OperatorProcess(cp.kubeconfig, workdir / "operator.log", namespaces=namespace).start()
+        names = [f"bench-{i:03d}" for i in range(args.jobs)]
+        expected = args.nodes + 1
+        seen: dict[str, set[str]] = {name: set() for name in names}
+        done_at: dict[str, float] = {}
+        lock = threading.Lock()
+        watching = threading.Event()
+
+        def watch_kind(list_fn: Any) -> None:
+            w = watch.Watch()
+            selector = naming.LABEL_JOB
+            for event in w.stream(list_fn, namespace, label_selector=selector, timeout_seconds=120):
+                watching.set()
+                if event["type"] != "ADDED":
+                    continue
+                obj = event["object"]
+                job = obj.metadata.labels[naming.LABEL_JOB]
+                with lock:
+                    seen[job].add(f"{obj.kind}/{obj.metadata.name}")
+                    if len(seen[job]) == expected and job not in done_at:
+                        done_at[job] = time.perf_counter()
+                        if len(done_at) == len(names):
+                            w.stop()
+
+        watchers = [
+            threading.Thread(target=watch_kind, args=(fn,), daemon=True)
+            for fn in (core.list_namespaced_pod, core.list_namespaced_service)
+        ]
+        for t in watchers:
+            t.start()
+        time.sleep(0.5)  # both watches established (they return nothing until an object exists)
+        before = server_writes(api)
+
+        created_at: dict[str, float] = {}
+
+        def create(name: str) -> None:
+            body = {
+                "apiVersion": naming.API_VERSION,
+                "kind": naming.KIND,
+                "metadata": {"name": name},
+                "spec": {"nodes": args.nodes, "image": "kubetrain/trainer:bench"},
+            }
+            custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, namespace, naming.PLURAL, body)
+            created_at[name] = time.perf_counter()
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            list(pool.map(create, names))
+        create_wall = time.perf_counter() - started
+        wait_for(lambda: len(done_at) == len(names), 120, "every job's children", interval=0.05)
+        all_done = max(done_at.values()) - started
+
+        # Let the operator settle (status writes, events) before counting its writes.
+        def settled() -> bool:
+            jobs = custom.list_namespaced_custom_object(naming.GROUP, naming.VERSION, namespace, naming.PLURAL)
+            return all(
+                any(c["type"] == "Created" for c in (j.get("status") or {}).get("conditions") or [])
+                for j in jobs["items"]
+            )
+
+        wait_for(settled, 60, "every job's Created condition")
+        previous: dict[str, float] = {}
+        current = server_writes(api)
+        while current != previous:  # stable across 2 s: nothing more in flight
+            time.sleep(2)
+            previous, current = current, server_writes(api)
+        writes = {k: current.get(k, 0.0) - before.get(k, 0.0) for k in current}
+        writes = {k: v for k, v in writes.items() if v}
+        operator_writes = sum(writes.values()) - writes.get("POST trainingjobs", 0.0)
+
+        latencies = [done_at[n] - created_at[n] for n in names]
+        assert proc.proc is not None
+        rss = psutil.Process(proc.proc.pid).memory_info().rss
+        metric_lines = [
+            line
+            for line in proc.metrics().splitlines()
+            if line.startswith(("kubetrain_api_writes_total", "kubetrain_reconcile_duration_seconds_count"))
+        ]
+        proc.stop()
+        result = {
+            "jobs": args.jobs,
+            "nodes_per_job": args.nodes,
+            "latency_s": {
+                "p50": round(statistics.median(latencies), 4),
+                "p99": round(percentile(latencies, 0.99), 4),
+                "max": round(max(latencies), 4),
+                "min": round(min(latencies), 4),
+                "definition": "create request returned -> last child (Service + pods) seen by a watch",
+            },
+            "all_children_created_after_s": round(all_done, 3),
+            "create_requests_wall_s": round(create_wall, 3),
+            "api_writes_per_job": round(operator_writes / args.jobs, 2),
+            "api_writes_target_per_job": args.nodes + 3,
+            "api_writes_by_kind": writes,
+            "operator_rss_mib": round(rss / 2**20, 1),
+            "operator_metrics": metric_lines,
+            "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version()},
+        }
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2))
+        return 0
+    finally:
+        cp.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
