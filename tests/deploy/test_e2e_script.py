@@ -37,7 +37,7 @@ def test_script_covers_the_issue() -> None:
         "logs digits-cpu-node-0",
         "delete pod digits-restart-node-1",
         "wait_for_at_least digits-restart .status.restarts 1",
-        'grep -qiE "resum',
+        '"event":"resume","time"',
     ]
     positions = [text.find(step) for step in steps]
     assert all(p >= 0 for p in positions), [s for s, p in zip(steps, positions, strict=True) if p < 0]

@@ -108,7 +108,7 @@ fi
 [ "$(job_field digits-cpu .status.restarts)" = 0 ] || fail "digits-cpu restarted without a failure"
 # Finished pods are kept (cleanPodPolicy: Running) so rank 0's log is still readable.
 logs=$(kubectl -n "$JOB_NS" logs digits-cpu-node-0)
-grep -q "step" <<<"$logs" || fail "rank 0's log has no progress lines"
+grep -q '"event":"step"' <<<"$logs" || fail "rank 0's log has no step records"
 
 log "2/2: a pod deleted mid-run restarts the gang, which resumes from its checkpoint"
 # The same example, renamed and trained longer so that there is time to interrupt it.
@@ -125,9 +125,13 @@ log "digits-restart: restarts $(job_field digits-restart .status.restarts), firs
 [ "$reason" = PodDeleted ] || fail "status.failures[0].reason is '$reason', expected PodDeleted"
 [ "$(job_field digits-restart .status.attempt)" -ge 1 ] || fail "status.attempt did not advance"
 [ "$(job_field digits-restart .status.progress.percent)" = 100 ] || fail "digits-restart did not finish its steps"
-# The new attempt's rank 0 loads the newest complete checkpoint instead of starting at step 0.
+# The new attempt's rank 0 loads the newest complete checkpoint instead of starting at step 0:
+# its metrics records (one JSON object per line) include {"event":"resume","time":...,"step":N}.
 logs=$(kubectl -n "$JOB_NS" logs digits-restart-node-0)
-grep -qiE "resum.*(step[- ]?)?[0-9]+" <<<"$logs" || fail "rank 0 did not log resuming from a checkpoint (>= step $checkpoint)"
-log "resumed: $(grep -iE 'resum' <<<"$logs" | head -1)"
+resumed=$(sed -nE 's/.*"event":"resume","time":[^,]*,"step":([0-9]+).*/\1/p' <<<"$logs" | head -1)
+if [ -z "$resumed" ] || [ "$resumed" -lt "$checkpoint" ]; then
+  fail "rank 0 did not resume from the checkpoint at step $checkpoint (resume record: '${resumed:-none}')"
+fi
+log "resumed at step $resumed (checkpoint seen before the kill: step $checkpoint)"
 
 log "PASS"
