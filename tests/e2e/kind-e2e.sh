@@ -91,6 +91,7 @@ helm upgrade --install "$RELEASE" charts/kubetrain \
   --set image.repository="${OPERATOR_IMAGE%:*}" --set image.tag="${OPERATOR_IMAGE##*:}" \
   --set image.pullPolicy=Never \
   --set operator.trainerImage="$TRAINER_IMAGE" \
+  --set operator.progressIntervalSeconds=5 \
   --wait --timeout 5m
 kubectl create namespace "$JOB_NS" --dry-run=client -o yaml | kubectl apply -f -
 
@@ -111,12 +112,23 @@ logs=$(kubectl -n "$JOB_NS" logs digits-cpu-node-0)
 grep -q '"event":"step"' <<<"$logs" || fail "rank 0's log has no step records"
 
 log "2/2: a pod deleted mid-run restarts the gang, which resumes from its checkpoint"
-# The same example, renamed and trained longer so that there is time to interrupt it.
-sed -e 's/digits-cpu/digits-restart/g' -e 's/epochs: 12$/epochs: 60/' examples/digits-cpu.yaml |
+# The same example, renamed and trained 25x longer (~6600 steps; the example's 264 take ~3 s
+# once torch is up) so that there is time to interrupt it.
+sed -e 's/digits-cpu/digits-restart/g' -e 's/epochs: 12$/epochs: 300/' examples/digits-cpu.yaml |
   kubectl -n "$JOB_NS" apply -f -
-wait_for_at_least digits-restart .status.lastCheckpoint.step 1 600
-checkpoint=$(job_field digits-restart .status.lastCheckpoint.step)
-[ "$(job_field digits-restart .status.phase)" = Running ] || fail "digits-restart finished before it could be interrupted"
+# Interrupt as soon as rank 0 has written a checkpoint: its log says so before the operator's
+# next progress read would.
+checkpoint=
+deadline=$((SECONDS + 600))
+while [ -z "$checkpoint" ] && [ "$SECONDS" -lt "$deadline" ]; do
+  sleep 1
+  # The pod may not exist yet: under pipefail a failed kubectl would end the script.
+  checkpoint=$({ kubectl -n "$JOB_NS" logs digits-restart-node-0 2>/dev/null || true; } |
+    sed -nE 's/.*"event":"checkpoint","time":[^,]*,"step":([0-9]+).*/\1/p' | tail -1)
+done
+[ -n "$checkpoint" ] || fail "digits-restart wrote no checkpoint in 600s"
+[ "$(job_field digits-restart .status.phase)" != Succeeded ] || fail "digits-restart finished before it could be interrupted"
+log "rank 0 wrote the checkpoint at step $checkpoint: deleting node 1"
 kubectl -n "$JOB_NS" delete pod digits-restart-node-1 --wait=false
 wait_for_at_least digits-restart .status.restarts 1 300
 kubectl -n "$JOB_NS" wait --for=condition=Succeeded trainingjob/digits-restart --timeout="$TIMEOUT"
