@@ -1,0 +1,89 @@
+"""Gang semantics with small fake node commands (no torch): restarts, backoff, deadline, signals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+from localrun_helpers import alive, fake_job, start_run, summary, wait_for, write_job
+
+
+def run(job_file: Path, run_dir: Path) -> subprocess.CompletedProcess[str]:
+    proc = start_run(job_file, run_dir)
+    out, _ = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+def test_a_failing_node_restarts_the_gang_until_max_restarts(tmp_path: Path) -> None:
+    # Node 1 fails at once; node 0 would run for a minute, so each failure must stop it.
+    script = "import os, sys, time\nif os.environ['NODE_RANK'] == '1': sys.exit(3)\ntime.sleep(60)"
+    job = fake_job(script, runPolicy={"maxRestarts": 2})
+    done = run(write_job(tmp_path, job), tmp_path / "run")
+    assert done.returncode == 1, done.stdout
+    result = summary(tmp_path / "run")
+    assert (result["reason"], result["restarts"], result["attempts"]) == ("BackoffLimitExceeded", 2, 3)
+    assert [f["rank"] for f in result["failures"]] == [1, 1, 1]
+    assert [f["exitCode"] for f in result["failures"]] == [3, 3, 3]
+    assert result["nodeExitCodes"] == [-signal.SIGTERM, 3]
+    assert (tmp_path / "run" / "node-0.log").read_text().count("=== kubetrain: attempt") == 3
+    assert "gang restart 2/2" in done.stdout
+
+
+def test_a_node_that_fails_once_is_restarted_and_the_run_succeeds(tmp_path: Path) -> None:
+    marker = tmp_path / "failed-once"
+    script = textwrap.dedent(
+        f"""
+        import os, pathlib, sys
+        marker = pathlib.Path({str(marker)!r})
+        if os.environ['NODE_RANK'] == '1' and not marker.exists():
+            marker.touch()
+            sys.exit(1)
+        print('attempt ok', os.environ['NODE_RANK'])
+        """
+    )
+    done = run(write_job(tmp_path, fake_job(script)), tmp_path / "run")
+    assert done.returncode == 0, done.stdout
+    result = summary(tmp_path / "run")
+    assert (result["outcome"], result["restarts"], result["nodeExitCodes"]) == ("Succeeded", 1, [0, 0])
+    assert "[node-1] attempt ok 1" in done.stdout
+
+
+def test_active_deadline_stops_every_node(tmp_path: Path) -> None:
+    job = fake_job("import time; time.sleep(120)", runPolicy={"activeDeadlineSeconds": 2})
+    proc = start_run(write_job(tmp_path, job), tmp_path / "run")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    assert summary(tmp_path / "run")["reason"] == "DeadlineExceeded"
+    pids = json.loads((tmp_path / "run" / "pids.json").read_text())["pids"]
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids)
+
+
+def test_sigint_stops_whole_node_trees(tmp_path: Path) -> None:
+    # Each node starts a grandchild, as torchrun starts workers, then both wait.
+    script = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        subprocess.Popen([{sys.executable!r}, '-c', 'import time; time.sleep(120)'])
+        print('ready', flush=True)
+        time.sleep(120)
+        """
+    )
+    proc = start_run(write_job(tmp_path, fake_job(script)), tmp_path / "run")
+    me = psutil.Process(proc.pid)
+
+    def tree_of_four() -> list[psutil.Process] | None:
+        kids = me.children(recursive=True)
+        return kids if len(kids) >= 4 else None
+
+    tree = wait_for("2 nodes with a child each", tree_of_four, 60, proc)
+    seen = [(p.pid, p.create_time()) for p in tree]
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, out
+    assert not [pid for pid, created in seen if alive(pid, created)]
+    assert summary(tmp_path / "run")["outcome"] == "Interrupted"
