@@ -151,8 +151,12 @@ def test_helm_install_cluster_mode_grants_exactly_the_operator_rules(
         assert can_i(control_plane, subject, verb, resource, None), f"cannot {verb} {resource}"
     assert not can_i(control_plane, subject, "list", "namespaces", None)
 
-    # The upgrade story: the CRD came from crds/, so uninstalling the chart leaves it (and every
-    # TrainingJob) in place.
+    # The upgrade story: Helm never upgrades crds/, so an upgrade applies the chart's CRD first
+    # (the command NOTES.txt and the README give), taking over the fields Helm created.
+    crds = control_plane.helm("show", "crds", str(CHART)).stdout
+    control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=crds)
+    assert "helm show crds" in out
+    # And uninstalling the chart leaves the CRD (and every TrainingJob) in place.
     control_plane.helm("uninstall", name, "-n", namespace, "--wait")
     control_plane.kubectl("get", "crd", CRD_NAME)
     assert not can_i(control_plane, subject, "create", "pods", extra_namespaces[0])

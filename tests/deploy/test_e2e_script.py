@@ -51,3 +51,10 @@ def test_workflow_runs_the_e2e_test() -> None:
     commands = " ".join(step.get("run", "") for step in steps)
     assert "pytest" in commands and "tests/e2e" in commands
     assert "KUBETRAIN_REQUIRE_E2E" in str(workflow), "in CI a skipped e2e test must fail"
+
+
+def test_ci_workflow_runs_the_required_suite_with_its_tools() -> None:
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yaml").read_text())
+    commands = " ".join(step.get("run", "") for step in workflow["jobs"]["test"]["steps"])
+    assert "bash .ci/run" in commands, "CI runs the README's test command with the control plane required"
+    assert "shellcheck" in commands, "test_shellcheck fails in CI without it"
