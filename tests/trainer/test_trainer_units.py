@@ -1,0 +1,231 @@
+"""Fast, single-process tests of the trainer's parts: env contract, data, checkpoints, metrics."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import free_port
+
+from kubetrain.trainer import contract
+from kubetrain.trainer.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    complete_checkpoints,
+    latest_checkpoint,
+    prune,
+    read_checkpoint,
+    write_checkpoint,
+)
+from kubetrain.trainer.config import TrainingSpec
+from kubetrain.trainer.data import load_splits, sharded_loader
+from kubetrain.trainer.dist import ContractError, MasterUnreachableError, read_env, wait_for_master
+from kubetrain.trainer.metrics import MetricsLogger
+from kubetrain.trainer.model import build_model
+
+# --- env contract ---------------------------------------------------------------------------
+
+
+def _pod(nnodes: int, node_rank: int, nproc: int) -> dict[str, str]:
+    return contract.rendezvous_env(
+        master_addr="job-0.job", master_port=29500, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc
+    )
+
+
+def test_single_process_pod_needs_no_torchrun() -> None:
+    env = read_env(_pod(3, 2, 1))
+    assert (env.rank, env.world_size, env.local_rank, env.node_rank) == (2, 3, 0, 2)
+    assert (env.master_addr, env.master_port) == ("job-0.job", 29500)
+
+
+def test_torchrun_process_rank_is_not_the_node_rank() -> None:
+    # What torchrun adds for the 2nd process of node 1 in a 2x4 job.
+    pod = {**_pod(2, 1, 4), "RANK": "5", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "8"}
+    env = read_env(pod)
+    assert (env.rank, env.world_size, env.local_rank, env.node_rank) == (5, 8, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        (_pod(2, 1, 4), "run under torchrun"),
+        ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "a"}, "RANK=2 is outside WORLD_SIZE=2"),
+        ({"WORLD_SIZE": "2", "RANK": "x", "MASTER_ADDR": "a"}, "RANK='x' is not an integer"),
+        ({"WORLD_SIZE": "2", "RANK": "1"}, "MASTER_ADDR is not set"),
+        ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "a", "MASTER_PORT": "70000"}, "not a TCP port"),
+        ({"NPROC_PER_NODE": "2"}, "run the script under torchrun"),
+    ],
+)
+def test_contract_errors_say_what_is_wrong(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ContractError, match=message):
+        read_env(environ)
+
+
+def test_no_contract_is_a_world_of_one() -> None:
+    env = read_env({})
+    assert (env.rank, env.world_size, env.master_addr) == (0, 1, "127.0.0.1")
+
+
+def test_connect_retry_names_host_port_and_seconds() -> None:
+    port = free_port()  # nothing listens there
+    start = time.monotonic()
+    with pytest.raises(MasterUnreachableError) as info:
+        wait_for_master("127.0.0.1", port, 0.6, interval_s=0.1)
+    assert 0.6 <= time.monotonic() - start < 5
+    assert f"127.0.0.1:{port}" in str(info.value) and "within 0." in str(info.value)
+
+
+def test_connect_retry_returns_once_master_listens() -> None:
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        assert wait_for_master("127.0.0.1", server.getsockname()[1], 2) < 2
+
+
+# --- data and models ------------------------------------------------------------------------
+
+
+def test_mid_epoch_skip_continues_the_same_order() -> None:
+    data = torch.utils.data.TensorDataset(torch.arange(100))
+    loader = sharded_loader(data, batch_size=4, rank=1, world_size=2, seed=7)
+    full = [batch for (batch,) in loader.epoch(3)]
+    resumed = [batch for (batch,) in loader.epoch(3, skip_batches=5)]
+    assert len(full) == 12 and len(resumed) == 7
+    assert all(torch.equal(a, b) for a, b in zip(full[5:], resumed, strict=True))
+    again = [batch for (batch,) in loader.epoch(3)]  # the skip applies to one iteration only
+    assert all(torch.equal(a, b) for a, b in zip(full, again, strict=True))
+
+
+@pytest.mark.parametrize(("model", "dataset"), [("mlp", "digits"), ("cnn", "digits"), ("cnn", "synthetic")])
+def test_models_fit_their_inputs(model: str, dataset: str) -> None:
+    spec = TrainingSpec(model=model, dataset=dataset, synthetic_samples=64, hidden_size=16)
+    splits = load_splits(spec)
+    net = build_model(spec, splits.input_shape, splits.num_classes)
+    x, _ = splits.train[:5]
+    assert net(x).shape == (5, 10)
+
+
+def test_digits_split_is_the_bundled_dataset() -> None:
+    splits = load_splits(TrainingSpec(dataset="digits", test_fraction=0.2))
+    assert len(splits.train) + len(splits.test) == 1797
+    assert splits.input_shape == (1, 8, 8)
+
+
+# --- checkpoints ----------------------------------------------------------------------------
+
+
+def _payload(value: float) -> dict[str, Any]:
+    return {"state": {"w": torch.full((4,), value)}, "ranks": []}
+
+
+def test_latest_complete_and_keep_last_k(tmp_path: Path) -> None:
+    for step in (5, 10, 20):
+        write_checkpoint(tmp_path, step, _payload(step), {"fingerprint": "f"})
+    (tmp_path / "step-30").mkdir()  # no meta.json: incomplete
+    (tmp_path / ".tmp-step-40-1").mkdir()
+    assert latest_checkpoint(tmp_path) == tmp_path / "step-20"
+    prune(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-10", "step-20"]
+    payload, meta = read_checkpoint(tmp_path / "step-20")
+    assert torch.equal(payload["state"]["w"], torch.full((4,), 20.0)) and meta["step"] == 20
+
+
+_KILL_WRITER = textwrap.dedent(
+    """
+    import os, sys, torch
+    from kubetrain.trainer import checkpoint
+    directory, point = sys.argv[1], sys.argv[2]
+    checkpoint.write_checkpoint(directory, 1, {"state": {"w": torch.ones(3)}, "ranks": []}, {})
+    def block(*args, **kwargs):
+        print("blocked", flush=True)
+        sys.stdin.read()  # until the test kills us
+    if point == "state":
+        checkpoint.os.fsync = block  # state.pt written, not yet synced or renamed
+    else:
+        checkpoint.json.dump = block  # step-2/ renamed into place, meta.json not written
+    checkpoint.write_checkpoint(directory, 2, {"state": {"w": torch.zeros(1 << 20)}, "ranks": []}, {})
+    """
+)
+
+
+@pytest.mark.parametrize("point", ["state", "meta"])
+def test_kill_during_checkpoint_write_keeps_previous(point: str, tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILL_WRITER, str(tmp_path), point],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "blocked"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    leftover = {p.name for p in tmp_path.iterdir()}
+    assert leftover == ({"step-1", "step-2"} if point == "meta" else {"step-1", f".tmp-step-2-{proc.pid}"})
+    assert [step for step, _ in complete_checkpoints(tmp_path)] == [1]
+    payload, _ = read_checkpoint(latest_checkpoint(tmp_path))  # type: ignore[arg-type]
+    assert torch.equal(payload["state"]["w"], torch.ones(3))
+    # The next save replaces the leftovers.
+    write_checkpoint(tmp_path, 2, _payload(2), {})
+    prune(tmp_path, keep=5)
+    assert [step for step, _ in complete_checkpoints(tmp_path)] == [1, 2]
+    assert {p.name for p in tmp_path.iterdir()} == {"step-1", "step-2"}
+
+
+def test_single_rank_checkpointer_restores_rng_and_refuses_other_fingerprint(tmp_path: Path) -> None:
+    gen = torch.Generator().manual_seed(1)
+    saver = Checkpointer(tmp_path, rank=0, world_size=1, fingerprint="aaa", generators=[gen])
+    torch.manual_seed(5)
+    saver.save(7, {"step": 7})
+    expected = (torch.rand(3), torch.rand(2, generator=gen))
+    torch.rand(10), torch.rand(10, generator=gen)
+    path, state = saver.load()  # type: ignore[misc]
+    assert path.name == "step-7" and state == {"step": 7}
+    assert torch.equal(torch.rand(3), expected[0]) and torch.equal(torch.rand(2, generator=gen), expected[1])
+    other = Checkpointer(tmp_path, rank=0, world_size=1, fingerprint="bbb")
+    with pytest.raises(CheckpointError, match="different training configuration"):
+        other.load()
+    message = Checkpointer(tmp_path, rank=0, world_size=2, fingerprint="aaa")._check(
+        path, json.loads((path / "meta.json").read_text())
+    )
+    assert message is not None and "written by 1 processes and this run has 2" in message
+
+
+# --- metrics --------------------------------------------------------------------------------
+
+
+def test_metrics_records_on_rank0_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    MetricsLogger(1, tmp_path / "r1").emit("step", step=1, epoch=0, loss=1.0)
+    logger = MetricsLogger(0, tmp_path, total_steps=9)
+    logger.emit("step", step=3, epoch=0, loss=float("nan"), lr=0.1, samples_per_s=10.0, step_time_s=0.5)
+    logger.close()
+    out, err = capsys.readouterr()
+    [record] = [json.loads(line) for line in out.splitlines()]
+    assert record["event"] == "step" and record["total_steps"] == 9 and record["loss"] is None
+    assert set(record) == {
+        "event",
+        "time",
+        "step",
+        "epoch",
+        "total_steps",
+        "loss",
+        "lr",
+        "samples_per_s",
+        "step_time_s",
+    }
+    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == record
+    assert "500.0 ms/step" in err
+    assert not (tmp_path / "r1").exists()
+    with pytest.raises(ValueError, match="unknown metrics event"):
+        MetricsLogger(0, None).emit("bogus", step=0, epoch=0)

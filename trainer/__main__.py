@@ -1,0 +1,74 @@
+"""`python -m kubetrain.trainer {train,preflight} [--config FILE]` (under torchrun for several processes).
+
+The configuration comes from `--config` (YAML or JSON, camelCase as in a TrainingJob) or
+else from the KUBETRAIN_CONFIG env var the operator renders. Exit status 0 on success, 1
+on any failure, 2 on a usage error; the error is logged on every rank that saw it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from .config import TrainConfig
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m kubetrain.trainer", description=__doc__)
+    parser.add_argument("command", choices=("train", "preflight"), help="train, or only check the collectives")
+    parser.add_argument("--config", metavar="FILE", help="TrainConfig as YAML/JSON (default: $KUBETRAIN_CONFIG)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = TrainConfig.from_file(args.config) if args.config else TrainConfig.from_env()
+    except (OSError, ValidationError, ValueError) as exc:
+        print(f"kubetrain trainer: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    # Import torch only now: `--help` and config errors stay fast.
+    from . import dist as kdist
+    from .checkpoint import CheckpointError
+    from .metrics import MetricsLogger, configure_logging, log
+    from .preflight import PreflightError, run_preflight
+    from .train import train
+
+    rank = int(os.environ.get("RANK", "0") or 0)
+    configure_logging(rank)
+    spec = config.training
+    try:
+        ctx = kdist.setup(
+            config.backend,
+            timeout_s=spec.process_group_timeout_seconds,
+            connect_timeout_s=spec.connect_timeout_seconds,
+        )
+        if args.command == "preflight" or spec.preflight:
+            metrics = MetricsLogger(ctx.rank, config.checkpoint.dir if args.command == "train" else None)
+            try:
+                result = run_preflight(ctx)
+                metrics.emit("preflight", step=0, epoch=0, **result)
+            finally:
+                metrics.close()
+        if args.command == "train":
+            train(config, ctx)
+        return 0
+    except (kdist.ContractError, CheckpointError, PreflightError) as exc:
+        log.error("%s", exc)
+        if rank == 0 and args.command == "preflight":
+            # The operator reads the verdict from stdout like any other record.
+            MetricsLogger(0, None).emit("preflight", step=0, epoch=0, ok=False, error=str(exc))
+        return 1
+    except Exception:
+        log.exception("training failed")
+        return 1
+    finally:
+        kdist.teardown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

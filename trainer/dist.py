@@ -1,0 +1,277 @@
+"""The env contract (trainer/contract.py) -> one initialised process group.
+
+Everything here is what Kubeflow users trip over, made explicit: RANK is the process (never
+the node), non-master ranks wait a bounded time for MASTER_ADDR:MASTER_PORT to resolve and
+accept connections, and a rank whose WORLD_SIZE disagrees with rank 0's fails at once with a
+message naming both instead of hanging in the backend's rendezvous until the timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
+
+from . import contract
+
+# Keys of the contract check, under a prefix of ours in the rendezvous store.
+_STORE_PREFIX = "kubetrain"
+
+
+class ContractError(RuntimeError):
+    """The env contract is missing, malformed, or disagrees between ranks."""
+
+
+class MasterUnreachableError(ContractError):
+    """MASTER_ADDR:MASTER_PORT did not accept a connection within the connect timeout."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """One process's place in the world, read from the env contract (and torchrun's additions)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """What a training process needs after set-up: its place, backend and device."""
+
+    env: DistEnv
+    backend: str
+    device: torch.device
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.env.local_rank
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.env.rank == 0
+
+
+def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise ContractError(f"{name} is not set")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ContractError(f"{name}={raw!r} is not an integer") from None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
+    """Read and check the contract. With none of it set, a world of one on loopback."""
+    environ = os.environ if environ is None else environ
+    if contract.WORLD_SIZE not in environ and contract.RANK not in environ:
+        if contract.NPROC_PER_NODE in environ and _int(environ, contract.NPROC_PER_NODE) > 1:
+            raise ContractError(
+                f"RANK is unset but NPROC_PER_NODE={environ[contract.NPROC_PER_NODE]}: run the script under "
+                "torchrun, which starts one process per GPU and gives each its RANK"
+            )
+        port = environ.get(contract.MASTER_PORT) or str(_free_port())
+        return DistEnv(0, 1, 0, 1, 0, environ.get(contract.MASTER_ADDR, "127.0.0.1"), int(port))
+    if contract.RANK not in environ:
+        raise ContractError(
+            "WORLD_SIZE is set but RANK is not: with several processes per pod run under torchrun "
+            "(RANK is per process; NODE_RANK is the pod)"
+        )
+    world_size = _int(environ, contract.WORLD_SIZE)
+    rank = _int(environ, contract.RANK)
+    local_world_size = _int(environ, contract.LOCAL_WORLD_SIZE, 1)
+    local_rank = _int(environ, contract.LOCAL_RANK, 0)
+    node_rank = _int(environ, contract.NODE_RANK, rank // max(local_world_size, 1))
+    if world_size < 1:
+        raise ContractError(f"WORLD_SIZE={world_size} must be at least 1")
+    if not 0 <= rank < world_size:
+        raise ContractError(f"RANK={rank} is outside WORLD_SIZE={world_size} (RANK counts processes, from 0)")
+    if not 0 <= local_rank < local_world_size:
+        raise ContractError(f"LOCAL_RANK={local_rank} is outside LOCAL_WORLD_SIZE={local_world_size}")
+    master_addr = environ.get(contract.MASTER_ADDR, "")
+    if world_size > 1 and not master_addr:
+        raise ContractError(f"MASTER_ADDR is not set (WORLD_SIZE={world_size})")
+    master_port = _int(environ, contract.MASTER_PORT, 29500)
+    if not 0 < master_port < 65536:
+        raise ContractError(f"MASTER_PORT={master_port} is not a TCP port")
+    return DistEnv(rank, world_size, local_rank, local_world_size, node_rank, master_addr or "127.0.0.1", master_port)
+
+
+def resolve_backend(requested: str) -> str:
+    """`auto` is nccl when CUDA has GPUs, else gloo."""
+    if requested == "auto":
+        return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
+    if requested == "nccl" and not torch.cuda.is_available():
+        raise ContractError("backend nccl needs CUDA GPUs, and this process sees none")
+    return requested
+
+
+def wait_for_master(host: str, port: int, timeout_s: float, *, interval_s: float = 0.5) -> float:
+    """Retry TCP connects to the master until one succeeds; return the seconds waited.
+
+    Name resolution is retried too: a headless Service's record appears only once the
+    master pod is ready, so early workers see "name does not resolve" for a while.
+    """
+    start = time.monotonic()
+    last_error = ""
+    delay = min(0.05, interval_s)
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(5.0, max(timeout_s, 0.1))):
+                return time.monotonic() - start
+        except OSError as exc:
+            last_error = f"{type(exc).__name__}: {exc}"
+        waited = time.monotonic() - start
+        if waited >= timeout_s:
+            raise MasterUnreachableError(
+                f"master {host}:{port} did not accept a connection within {waited:.1f} s "
+                f"(connectTimeoutSeconds={timeout_s:g}); last error: {last_error}"
+            )
+        time.sleep(min(delay, max(timeout_s - waited, 0.0)))
+        delay = min(delay * 2, interval_s)
+
+
+def _make_store(env: DistEnv, timeout: datetime.timedelta) -> Store:
+    # Under torchrun with the agent's store, that store already listens on MASTER_PORT
+    # and every worker is a client; otherwise rank 0 hosts it. Mirrors torch's env:// handler,
+    # but without waiting for workers in the constructor: the contract check below must
+    # run first, or a rank with a wrong WORLD_SIZE makes rank 0 wait for the full timeout.
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = TCPStore(
+        env.master_addr,
+        env.master_port,
+        env.world_size,
+        is_master=env.rank == 0 and not agent,
+        timeout=timeout,
+        wait_for_workers=False,
+        multi_tenant=not agent,
+    )
+    return PrefixStore(_STORE_PREFIX, store)
+
+
+def check_world_agreement(store: Store, env: DistEnv) -> None:
+    """Every rank compares its WORLD_SIZE with rank 0's; rank 0 announces one verdict to all.
+
+    Without this, gloo and nccl wait for ranks that will never come until the
+    process-group timeout (30 minutes by default), and the log says nothing useful.
+    """
+    if env.rank == 0:
+        store.set("world_size", str(env.world_size))
+        problems = []
+        for rank in range(1, env.world_size):
+            try:
+                answer = store.get(f"check/{rank}").decode()
+            except (RuntimeError, dist.DistStoreError) as exc:
+                answer = f"rank {rank} did not join the rendezvous at {env.master_addr}:{env.master_port} ({exc})"
+            if answer != "ok":
+                problems.append(answer)
+        verdict = "; ".join(problems) or "ok"
+        store.set("verdict", verdict)
+    else:
+        master_world = int(store.get("world_size").decode())
+        if master_world != env.world_size:
+            message = (
+                f"rank {env.rank} has WORLD_SIZE={env.world_size} but rank 0 has WORLD_SIZE={master_world}: "
+                "every process of a job must see the same WORLD_SIZE (NNODES x NPROC_PER_NODE)"
+            )
+            if env.rank < master_world:
+                store.set(f"check/{env.rank}", message)
+            raise ContractError(message)
+        store.set(f"check/{env.rank}", "ok")
+        verdict = store.get("verdict").decode()
+    if verdict != "ok":
+        raise ContractError(verdict)
+
+
+def setup(
+    backend: str = "auto",
+    *,
+    timeout_s: float = 1800,
+    connect_timeout_s: float = 300,
+    environ: Mapping[str, str] | None = None,
+) -> DistContext:
+    """Initialise the default process group from the env contract and pick this rank's device."""
+    env = read_env(environ)
+    backend = resolve_backend(backend)
+    if backend == "nccl":
+        # Abort collectives on a failed peer instead of hanging (the default in recent
+        # torch; explicit so an older image behaves the same).
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        if env.local_rank >= torch.cuda.device_count():
+            raise ContractError(
+                f"LOCAL_RANK={env.local_rank} but only {torch.cuda.device_count()} GPUs are visible: "
+                "NPROC_PER_NODE must not exceed the GPUs per pod"
+            )
+        torch.cuda.set_device(env.local_rank)
+        device = torch.device("cuda", env.local_rank)
+    else:
+        device = torch.device("cpu")
+    if env.rank != 0:
+        wait_for_master(env.master_addr, env.master_port, connect_timeout_s)
+    # The contract check must not outlive the connect budget: a missing rank is a
+    # start-up failure, not a 30-minute collective timeout.
+    store = _make_store(env, datetime.timedelta(seconds=max(connect_timeout_s, 1)))
+    check_world_agreement(store, env)
+    store.set_timeout(datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=device if backend == "nccl" else None,
+    )
+    return DistContext(env=env, backend=backend, device=device)
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def distributed(
+    backend: str = "auto", *, timeout_s: float = 1800, connect_timeout_s: float = 300
+) -> Iterator[DistContext]:
+    """`with distributed() as ctx:` — set up, and always tear down."""
+    try:
+        yield setup(backend, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
+    finally:
+        teardown()
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.backend == "nccl":
+        dist.barrier(device_ids=[ctx.local_rank])
+    else:
+        dist.barrier()

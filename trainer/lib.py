@@ -1,0 +1,86 @@
+"""The library API for bring-your-own training scripts: the trainer's parts, nothing more.
+
+    from kubetrain.trainer import lib
+
+    with lib.distributed() as ctx:                      # env contract -> process group
+        loader = lib.sharded_loader(dataset, batch_size=32, rank=ctx.rank, world_size=ctx.world_size)
+        model = lib.DDP(net.to(ctx.device))
+        ckpt = lib.Checkpointer(lib.checkpoint_dir("/tmp/ckpt"), rank=ctx.rank, world_size=ctx.world_size,
+                                generators=[loader.generator])
+        resumed = ckpt.load()                           # (path, state) or None; RNG restored per rank
+        ...
+        ckpt.save(step, {"model": model.module.state_dict(), "step": step})
+        lib.log0(ctx, "step", step=step, epoch=epoch, loss=loss)
+
+Every function here is collective where it says so and safe to call on every rank otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .checkpoint import Checkpointer, CheckpointError, latest_checkpoint
+from .config import CONFIG_ENV, TrainConfig
+from .data import ShardedLoader, eval_loader, sharded_loader
+from .dist import ContractError, DistContext, barrier, distributed, setup, teardown
+from .metrics import MetricsLogger, configure_logging
+from .train import accumulate_gradients, evaluate
+
+__all__ = [
+    "DDP",
+    "CheckpointError",
+    "Checkpointer",
+    "ContractError",
+    "DistContext",
+    "MetricsLogger",
+    "ShardedLoader",
+    "accumulate_gradients",
+    "barrier",
+    "checkpoint_dir",
+    "configure_logging",
+    "distributed",
+    "eval_loader",
+    "evaluate",
+    "latest_checkpoint",
+    "log0",
+    "setup",
+    "sharded_loader",
+    "teardown",
+]
+
+_loggers: dict[str, MetricsLogger] = {}
+
+
+def checkpoint_dir(default: str | Path) -> Path:
+    """The TrainingJob's `checkpoint.dir` when KUBETRAIN_CONFIG is set, else `default`."""
+    if os.environ.get(CONFIG_ENV):
+        return Path(TrainConfig.from_env().checkpoint.dir)
+    return Path(default)
+
+
+def log0(
+    ctx: DistContext,
+    event: str,
+    *,
+    step: int,
+    epoch: int,
+    total_steps: int | None = None,
+    directory: str | Path | None = None,
+    **fields: Any,
+) -> None:
+    """Emit one metrics record (the built-in trainer's format) from rank 0; a no-op elsewhere.
+
+    With `directory`, records are also appended to `<directory>/metrics.jsonl`. `total_steps`
+    is remembered for the following records of the same directory.
+    """
+    key = str(directory)
+    logger = _loggers.get(key)
+    if logger is None:
+        logger = _loggers[key] = MetricsLogger(ctx.rank, directory)
+    if total_steps is not None:
+        logger.total_steps = total_steps
+    logger.emit(event, step=step, epoch=epoch, **fields)

@@ -1,0 +1,104 @@
+"""Rank-0 metrics records and per-rank log lines.
+
+Records are one JSON object per line, on rank 0's stdout and appended to
+`<checkpoint dir>/metrics.jsonl`; the local runner and the operator parse them, so their
+shape is fixed (see EVENTS and the README). Humans read stderr. Other ranks print nothing
+on stdout, and only warnings and errors, prefixed with their rank, on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+EVENTS = ("start", "step", "eval", "checkpoint", "resume", "preflight", "done")
+METRICS_FILE = "metrics.jsonl"
+
+log = logging.getLogger("kubetrain.trainer")
+
+
+def configure_logging(rank: int, stream: TextIO | None = None) -> None:
+    """Rank 0 logs INFO and up; other ranks WARNING and up, prefixed `[rank N]`."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(logging.Formatter(f"[rank {rank}] %(levelname)s %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    log.propagate = False
+
+
+def _clean(value: Any) -> Any:
+    # JSON has no NaN/Infinity: a diverged loss is reported as null, not as invalid JSON.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _human(record: dict[str, Any]) -> str:
+    event = record["event"]
+    head = f"{event:<10} step {record['step']}/{record['total_steps']} epoch {record['epoch']}"
+    parts = []
+    for key, fmt in (
+        ("loss", "loss {:.4f}"),
+        ("eval_loss", "eval_loss {:.4f}"),
+        ("accuracy", "accuracy {:.4f}"),
+        ("lr", "lr {:.3g}"),
+        ("samples_per_s", "{:.0f} samples/s"),
+        ("step_time_s", "{:.1f} ms/step"),
+        ("world_size", "world {}"),
+        ("backend", "{}"),
+        ("resumed_from", "resumed from {}"),
+        ("path", "{}"),
+        ("ok", "ok={}"),
+    ):
+        value = record.get(key)
+        if value is None:
+            continue
+        parts.append(fmt.format(value * 1000 if key == "step_time_s" else value))
+    return "  ".join([head, *parts])
+
+
+class MetricsLogger:
+    """Writes the metrics records; a no-op on ranks other than 0."""
+
+    def __init__(self, rank: int, directory: str | Path | None, *, total_steps: int = 0, stdout: bool = True) -> None:
+        self.rank = rank
+        self.total_steps = total_steps
+        self.stdout = stdout
+        self.path = Path(directory) / METRICS_FILE if directory is not None else None
+        self._file: TextIO | None = None
+        if rank == 0 and self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a", encoding="utf-8")
+
+    def emit(self, event: str, *, step: int, epoch: int, **fields: Any) -> dict[str, Any] | None:
+        if event not in EVENTS:
+            raise ValueError(f"unknown metrics event {event!r}; expected one of {EVENTS}")
+        if self.rank != 0:
+            return None
+        record: dict[str, Any] = {
+            "event": event,
+            "time": time.time(),
+            "step": step,
+            "epoch": epoch,
+            "total_steps": self.total_steps,
+        }
+        record.update({key: _clean(value) for key, value in fields.items()})
+        line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        if self.stdout:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+        if self._file is not None:
+            self._file.write(line + "\n")
+            self._file.flush()
+        print(_human(record), file=sys.stderr, flush=True)
+        return record
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
