@@ -43,7 +43,10 @@ SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 # The whole difference between a node's pod on a cluster and its process here.
 LOCAL_REWRITES: tuple[tuple[str, str], ...] = (
-    (f"{MASTER_ADDR}, {PET_PREFIX}{MASTER_ADDR}", "node 0's DNS name -> 127.0.0.1 (--netns: node 0's address)"),
+    (
+        f"{MASTER_ADDR}, {PET_PREFIX}{MASTER_ADDR}",
+        "node 0's DNS name -> 127.0.0.1 (--netns: kept; each namespace's /etc/hosts resolves the pods' names)",
+    ),
     (f"{MASTER_PORT}, {PET_PREFIX}{MASTER_PORT}", "spec.masterPort -> a free local port, new for each attempt"),
     (CONFIG_ENV, "checkpoint.dir (the volume's mount path) -> <run-dir>/checkpoints"),
     (CUDA_VISIBLE_DEVICES, "node i gets GPUs [i*gpusPerNode, (i+1)*gpusPerNode) of the visible ones; '' on CPU"),
@@ -164,7 +167,7 @@ def resolve_env(entries: Sequence[Mapping[str, Any]], pod: Mapping[str, Any], po
 def localize_env(
     env: Mapping[str, str],
     *,
-    master_addr: str,
+    master_addr: str | None,
     master_port: int,
     checkpoint_dir: Path,
     cuda_visible_devices: str,
@@ -173,12 +176,13 @@ def localize_env(
 ) -> tuple[dict[str, str], dict[str, tuple[str | None, str]]]:
     """The one place a rendered env is changed for a local run (see LOCAL_REWRITES).
 
-    Returns the new env and what changed: name -> (rendered value, local value).
+    `master_addr` None keeps the rendered DNS name (--netns resolves it). Returns the new env
+    and what changed: name -> (rendered value, local value).
     """
     local = dict(env)
     rewrites: dict[str, str] = {}
     for name in (MASTER_ADDR, PET_PREFIX + MASTER_ADDR):
-        if name in env:
+        if name in env and master_addr is not None:
             rewrites[name] = master_addr
     for name in (MASTER_PORT, PET_PREFIX + MASTER_PORT):
         if name in env:
@@ -227,7 +231,7 @@ class LocalPlan:
             container = next(c for c in pod["spec"]["containers"] if c["name"] == naming.CONTAINER_NAME)
             env, changed = localize_env(
                 resolve_env(container.get("env", []), pod, self.node_addrs[rank]),
-                master_addr=self.node_addrs[0],
+                master_addr=None if self.netns else self.node_addrs[0],
                 master_port=master_port,
                 checkpoint_dir=self.checkpoint_dir.resolve(),
                 cuda_visible_devices=self.devices[rank],
@@ -351,7 +355,10 @@ def run_local(
     with contextlib.ExitStack() as stack:
         if netns:
             try:
-                namespaces = stack.enter_context(netns_mod.node_namespaces(plan.job.name, plan.job.spec.nodes))
+                pods = plan.pods(attempt=0)
+                namespaces = stack.enter_context(
+                    netns_mod.node_namespaces(plan.job.name, [netns_mod.pod_hostnames(pod) for pod in pods])
+                )
             except netns_mod.NetnsError as error:
                 print(f"error: --netns: {error}", file=err)
                 return localrun.EXIT_BAD_INPUT

@@ -1,9 +1,11 @@
 """`kubetrain run --local --netns` (root): every node in its own network namespace.
 
 A bridge in the root namespace and one veth pair per node give each node its own address in
-a private /24, like pods on a cluster network; MASTER_ADDR is then node 0's address and a
-script that silently assumes localhost fails here as it would on a cluster. Everything is
-created on entry and removed on exit.
+a private /24, like pods on a cluster network. Each namespace gets an /etc/hosts (`ip netns
+exec` mounts /etc/netns/<name>/hosts over /etc/hosts) that maps every pod's hostname and
+DNS name to its address, as the headless Service does on a cluster: MASTER_ADDR keeps the
+rendered name of node 0, and a script that silently assumes localhost fails here as it would
+on a cluster. Everything is created on entry and removed on exit.
 """
 
 from __future__ import annotations
@@ -13,15 +15,20 @@ import os
 import random
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .render import RenderSettings
 
 SUBNET_PREFIX = "10.231"
 FIRST_HOST = 10
 # The interface name inside each namespace; gloo/NCCL are pointed at it.
 NODE_IFNAME = "eth0"
 MAX_NETNS_NODES = 240
+ETC_NETNS = Path("/etc/netns")
 
 
 class NetnsError(RuntimeError):
@@ -54,8 +61,23 @@ def _free_subnet() -> ipaddress.IPv4Network:
     raise NetnsError(f"no free {SUBNET_PREFIX}.x.0/24 subnet")
 
 
+def pod_hostnames(pod: dict[str, Any]) -> list[str]:
+    """The names a pod answers to on a cluster: its FQDN under the headless Service, and its hostname."""
+    spec, meta = pod["spec"], pod["metadata"]
+    fqdn = f"{spec['hostname']}.{spec['subdomain']}.{meta['namespace']}.svc.{RenderSettings().cluster_domain}"
+    return [fqdn, f"{spec['hostname']}.{spec['subdomain']}", spec["hostname"]]
+
+
+def hosts_file(namespaces: Sequence[NodeNamespace], names: Sequence[Sequence[str]]) -> str:
+    lines = ["127.0.0.1 localhost"]
+    lines += [f"{ns.addr} {' '.join(hostnames)}" for ns, hostnames in zip(namespaces, names, strict=True)]
+    return "\n".join(lines) + "\n"
+
+
 @contextmanager
-def node_namespaces(job: str, nodes: int) -> Iterator[list[NodeNamespace]]:
+def node_namespaces(job: str, hostnames: Sequence[Sequence[str]]) -> Iterator[list[NodeNamespace]]:
+    """One namespace per node; `hostnames[i]` are the names node i's address resolves from."""
+    nodes = len(hostnames)
     if os.geteuid() != 0:
         raise NetnsError("needs root (it creates network namespaces, a bridge and veth pairs)")
     if shutil.which("ip") is None:
@@ -84,8 +106,13 @@ def node_namespaces(job: str, nodes: int) -> Iterator[list[NodeNamespace]]:
             _ip("-n", ns.name, "addr", "add", f"{ns.addr}/{net.prefixlen}", "dev", NODE_IFNAME)
             _ip("-n", ns.name, "link", "set", NODE_IFNAME, "up")
             _ip("-n", ns.name, "link", "set", "lo", "up")
+        etc_hosts = hosts_file(made, hostnames)
+        for ns in made:
+            (ETC_NETNS / ns.name).mkdir(parents=True, exist_ok=True)
+            (ETC_NETNS / ns.name / "hosts").write_text(etc_hosts)
         yield made
     finally:
         for ns in made:
             subprocess.run(["ip", "netns", "del", ns.name], capture_output=True, check=False)
+            shutil.rmtree(ETC_NETNS / ns.name, ignore_errors=True)
         subprocess.run(["ip", "link", "del", bridge], capture_output=True, check=False)
