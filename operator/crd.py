@@ -87,6 +87,9 @@ def _int_or_string(node: dict[str, Any]) -> dict[str, Any]:
     for key in ("description", "default"):
         if node.get(key) is not None:
             out[key] = node[key]
+    # maxLength applies to the string form only; without it the API server estimates the
+    # rule's cost for an unbounded string and refuses the CRD (cost budget exceeded).
+    out["maxLength"] = 64
     out[VALIDATIONS] = [dict(QUANTITY_RULE)]
     return out
 
