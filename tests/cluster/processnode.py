@@ -1,0 +1,406 @@
+"""A test-only node that runs pods as local processes: no containers, no images.
+
+It registers a Node, binds the unscheduled pods of the namespaces it serves (playing the
+scheduler), starts each container's `command + args` with the pod's env, and reports real
+status back through the API server: Running with podIP 127.0.0.1, then each container's
+real exit code, phase Succeeded or Failed. Deleting a pod terminates its processes and
+confirms the deletion, as a kubelet does. So a test can go apply -> operator -> pods ->
+training -> Succeeded on one machine.
+
+What a container would isolate is shared here, so three things are translated:
+- every pod has the node's loopback: env values that are in-cluster DNS names
+  (`*.svc`, `*.svc.<domain>`) become 127.0.0.1; pods of one job must use distinct ports;
+- volume mount paths are rewritten, in command, args and env values, to host directories
+  under the node's workdir: one per PersistentVolumeClaim (shared by the pods that mount it)
+  and one per pod for every other volume;
+- the image is ignored: executables come from PATH with this interpreter's bin dir first.
+Init containers run first, one after another. restartPolicy is treated as Never.
+
+    with ProcessNode(control_plane.api_client, namespaces=[ns], workdir=tmp_path) as node:
+        ...create pods or a TrainingJob...
+        node.logs(ns, "job-node-0")   # stdout+stderr of its first container
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from .kubelet import node_manifest as _node_manifest
+from .kubelet import now
+
+IN_CLUSTER_HOST = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?\.svc(\.[a-z0-9.-]+)?$")
+HEARTBEAT_S = 10.0
+POLL_S = 0.2
+TERMINATION_LOG_LINES = 40
+
+
+@dataclass
+class _Pod:
+    namespace: str
+    name: str
+    uid: str
+    workdir: Path
+    grace: float
+    fallback_to_logs: dict[str, bool]
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    started: str = ""
+    phase: str = "Pending"
+    stopping: bool = False
+
+
+class ProcessNode:
+    def __init__(
+        self,
+        new_api_client: Callable[[], Any],
+        *,
+        namespaces: Iterable[str],
+        workdir: Path,
+        node_name: str = "kubetrain-process-node",
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.api = new_api_client()
+        self.core = client.CoreV1Api(self.api)
+        self.namespaces = list(namespaces)
+        self.workdir = Path(workdir)
+        self.node_name = node_name
+        self.extra_env = extra_env or {}
+        self.pods: dict[str, _Pod] = {}
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"process-node-{node_name}", daemon=True)
+        self._last_heartbeat = 0.0
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def __enter__(self) -> ProcessNode:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._register()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and kill every process this node started."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        for pod in self.pods.values():
+            self._kill(pod, grace=2)
+        self.api.close()
+
+    def logs(self, namespace: str, name: str, container: str | None = None) -> str:
+        pod_dir = self.workdir / "pods" / namespace / name
+        files = sorted(pod_dir.glob("*.log")) if container is None else [pod_dir / f"{container}.log"]
+        return "".join(f.read_text(errors="replace") for f in files if f.exists())
+
+    # --- the node ------------------------------------------------------------------------
+    def _register(self) -> None:
+        with contextlib.suppress(client.ApiException):
+            manifest = _node_manifest(self.node_name)
+            manifest["metadata"]["labels"]["kubetrain.dev/process-node"] = "true"
+            self.core.create_node(manifest)
+        self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        # Without heartbeats the node-lifecycle controller marks the node unreachable and,
+        # after the default 300 s toleration, evicts its pods.
+        stamp = now()
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "kubetrain ProcessNode",
+            "lastHeartbeatTime": stamp,
+            "lastTransitionTime": stamp,
+        }
+        addresses = [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": self.node_name}]
+        self.core.patch_node_status(self.node_name, {"status": {"conditions": [ready], "addresses": addresses}})
+        self._last_heartbeat = time.monotonic()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if time.monotonic() - self._last_heartbeat > HEARTBEAT_S:
+                    self._heartbeat()
+                for namespace in self.namespaces:
+                    self._sync(namespace)
+            except Exception as exc:  # a test reads these; the loop must outlive one bad pod
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            self._stop.wait(POLL_S)
+
+    def _sync(self, namespace: str) -> None:
+        seen = set()
+        for pod in self.core.list_namespaced_pod(namespace).items:
+            uid = pod.metadata.uid
+            seen.add(uid)
+            if not pod.spec.node_name:
+                if pod.metadata.deletion_timestamp is None and pod.spec.scheduler_name in (None, "default-scheduler"):
+                    self._bind(pod)
+                continue
+            if pod.spec.node_name != self.node_name:
+                continue
+            state = self.pods.get(uid)
+            if pod.metadata.deletion_timestamp is not None:
+                if state is not None:
+                    self._kill(state, grace=state.grace)
+                self._confirm_deletion(pod)
+            elif state is None and pod.status.phase in (None, "Pending"):
+                self._launch(pod)
+            elif state is not None and state.phase == "Running":
+                self._reap(state)
+        for uid in set(self.pods) - seen:
+            self._kill(self.pods.pop(uid), grace=0)
+
+    def _bind(self, pod: Any) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": pod.metadata.name, "uid": pod.metadata.uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name},
+        }
+        try:
+            self.core.create_namespaced_binding(pod.metadata.namespace, body, _preload_content=False)
+        except client.ApiException as exc:
+            if exc.status not in (404, 409):  # deleted meanwhile, or already bound
+                raise
+
+    def _confirm_deletion(self, pod: Any) -> None:
+        with contextlib.suppress(client.ApiException):
+            self.core.delete_namespaced_pod(
+                pod.metadata.name,
+                pod.metadata.namespace,
+                grace_period_seconds=0,
+                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.metadata.uid)),
+            )
+
+    # --- running containers --------------------------------------------------------------
+    def _launch(self, pod: Any) -> None:
+        ns, name = pod.metadata.namespace, pod.metadata.name
+        pod_dir = self.workdir / "pods" / ns / name
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        state = _Pod(
+            namespace=ns,
+            name=name,
+            uid=pod.metadata.uid,
+            workdir=pod_dir,
+            grace=float(min(pod.spec.termination_grace_period_seconds or 30, 10)),
+            fallback_to_logs={
+                c.name: c.termination_message_policy == "FallbackToLogsOnError" for c in pod.spec.containers
+            },
+        )
+        self.pods[state.uid] = state
+        state.started = now()
+        mounts = self._volume_dirs(pod, pod_dir)
+        for init in pod.spec.init_containers or []:
+            code = self._spawn(pod, init, mounts, state).wait()
+            if code != 0:
+                state.phase = "Failed"
+                self._report(state, init_failed=(init.name, code))
+                return
+        for container in pod.spec.containers:
+            self._spawn(pod, container, mounts, state)
+        state.phase = "Running"
+        self._report(state)
+
+    def _volume_dirs(self, pod: Any, pod_dir: Path) -> dict[str, Path]:
+        """mountPath -> host directory, for every volume mount of every container."""
+        by_volume: dict[str, Path] = {}
+        for volume in pod.spec.volumes or []:
+            if volume.persistent_volume_claim is not None:
+                host = self.workdir / "pvc" / pod.metadata.namespace / volume.persistent_volume_claim.claim_name
+            else:
+                host = pod_dir / "volumes" / volume.name
+            host.mkdir(parents=True, exist_ok=True)
+            by_volume[volume.name] = host
+        mounts: dict[str, Path] = {}
+        for container in [*(pod.spec.init_containers or []), *pod.spec.containers]:
+            for mount in container.volume_mounts or []:
+                if mount.name in by_volume:
+                    mounts[mount.mount_path.rstrip("/")] = by_volume[mount.name]
+        return mounts
+
+    @staticmethod
+    def _rewrite(value: str, mounts: dict[str, Path]) -> str:
+        if IN_CLUSTER_HOST.match(value):
+            return "127.0.0.1"
+        for mount_path, host in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+            value = re.sub(rf"(?<![\w/]){re.escape(mount_path)}(?=/|\b|$)", str(host), value)
+        return value
+
+    def _env(self, pod: Any, container: Any, mounts: dict[str, Path]) -> dict[str, str]:
+        ns = pod.metadata.namespace
+        env: dict[str, str] = {}
+        for source in container.env_from or []:
+            prefix = source.prefix or ""
+            if source.config_map_ref is not None:
+                data = self.core.read_namespaced_config_map(source.config_map_ref.name, ns).data or {}
+                env.update({prefix + k: v for k, v in data.items()})
+            if source.secret_ref is not None:
+                data = self.core.read_namespaced_secret(source.secret_ref.name, ns).data or {}
+                env.update({prefix + k: base64.b64decode(v).decode() for k, v in data.items()})
+        for var in container.env or []:
+            if var.value_from is None:
+                env[var.name] = _expand(var.value or "", env)
+            else:
+                env[var.name] = self._value_from(pod, var.value_from)
+        env = {k: self._rewrite(v, mounts) for k, v in env.items()}
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        return {**os.environ, "PATH": path, "HOSTNAME": pod.metadata.name, **self.extra_env, **env}
+
+    def _value_from(self, pod: Any, source: Any) -> str:
+        ns = pod.metadata.namespace
+        if source.field_ref is not None:
+            path = source.field_ref.field_path
+            meta = pod.metadata
+            simple = {
+                "metadata.name": meta.name,
+                "metadata.namespace": ns,
+                "metadata.uid": meta.uid,
+                "spec.nodeName": self.node_name,
+                "spec.serviceAccountName": pod.spec.service_account_name,
+                "status.podIP": "127.0.0.1",
+                "status.hostIP": "127.0.0.1",
+            }
+            if path in simple:
+                return str(simple[path] or "")
+            match = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
+            if match:
+                return str((getattr(meta, match.group(1)) or {}).get(match.group(2), ""))
+            raise ValueError(f"{pod.metadata.name}: unsupported fieldRef {path}")
+        if source.config_map_key_ref is not None:
+            ref = source.config_map_key_ref
+            return str((self.core.read_namespaced_config_map(ref.name, ns).data or {})[ref.key])
+        if source.secret_key_ref is not None:
+            ref = source.secret_key_ref
+            return base64.b64decode((self.core.read_namespaced_secret(ref.name, ns).data or {})[ref.key]).decode()
+        if source.resource_field_ref is not None:
+            return "1"
+        raise ValueError(f"{pod.metadata.name}: unsupported valueFrom {source}")
+
+    def _spawn(self, pod: Any, container: Any, mounts: dict[str, Path], state: _Pod) -> subprocess.Popen[bytes]:
+        env = self._env(pod, container, mounts)
+        argv = [_expand(a, env) for a in [*(container.command or []), *(container.args or [])]]
+        if not argv:
+            raise ValueError(f"{pod.metadata.name}/{container.name}: no command; a process node cannot run an image")
+        argv = [self._rewrite(a, mounts) for a in argv]
+        cwd = Path(self._rewrite(container.working_dir, mounts)) if container.working_dir else state.workdir
+        cwd.mkdir(parents=True, exist_ok=True)
+        with (state.workdir / f"{container.name}.log").open("ab") as log:
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # so that stopping a pod reaches torchrun's workers too
+            )
+        state.procs[container.name] = proc
+        return proc
+
+    def _reap(self, state: _Pod) -> None:
+        if any(proc.poll() is None for proc in state.procs.values()):
+            return
+        state.phase = "Succeeded" if all(p.returncode == 0 for p in state.procs.values()) else "Failed"
+        self._report(state)
+
+    def _kill(self, state: _Pod, grace: float) -> None:
+        live = [p for p in state.procs.values() if p.poll() is None]
+        for proc in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in live:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        state.phase = "Stopped"
+
+    # --- status --------------------------------------------------------------------------
+    def _container_status(self, state: _Pod, name: str, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+        code = proc.returncode
+        base = {"name": name, "image": "", "imageID": "process://", "containerID": f"process://{proc.pid}"}
+        if code is None:
+            running = {"running": {"startedAt": state.started}}
+            return {**base, "ready": True, "started": True, "restartCount": 0, "state": running}
+        exit_code = code if code >= 0 else 128 - code  # killed by signal N: 128+N, as runtimes report
+        terminated: dict[str, Any] = {
+            "exitCode": exit_code,
+            "reason": "Completed" if exit_code == 0 else "Error",
+            "startedAt": state.started,
+            "finishedAt": now(),
+            "containerID": f"process://{proc.pid}",
+        }
+        if exit_code != 0 and state.fallback_to_logs.get(name):
+            tail = self.logs(state.namespace, state.name, name).splitlines()[-TERMINATION_LOG_LINES:]
+            terminated["message"] = "\n".join(tail)[-2048:]
+        return {**base, "ready": False, "started": False, "restartCount": 0, "state": {"terminated": terminated}}
+
+    def _report(self, state: _Pod, init_failed: tuple[str, int] | None = None) -> None:
+        pod = self.core.read_namespaced_pod(state.name, state.namespace)
+        images = {c.name: c.image for c in [*(pod.spec.init_containers or []), *pod.spec.containers]}
+        statuses = []
+        for c in pod.spec.containers:
+            proc = state.procs.get(c.name)
+            if proc is None:
+                waiting = {"waiting": {"reason": "PodInitializing"}}
+                statuses.append(
+                    {"name": c.name, "image": images[c.name], "ready": False, "restartCount": 0, "state": waiting}
+                )
+            else:
+                statuses.append({**self._container_status(state, c.name, proc), "image": images[c.name]})
+        running = state.phase == "Running"
+        flag = "True" if running else "False"
+        stamp = now()
+        conditions = [
+            {"type": kind, "status": value, "lastTransitionTime": stamp}
+            for kind, value in (
+                ("PodScheduled", "True"),
+                ("Initialized", "False" if init_failed else "True"),
+                ("ContainersReady", flag),
+                ("Ready", flag),
+            )
+        ]
+        status: dict[str, Any] = {
+            "phase": state.phase,
+            "hostIP": "127.0.0.1",
+            "podIP": "127.0.0.1",
+            "podIPs": [{"ip": "127.0.0.1"}],
+            "startTime": state.started,
+            "conditions": conditions,
+            "containerStatuses": statuses,
+        }
+        if init_failed:
+            status["message"] = f"init container {init_failed[0]} exited with {init_failed[1]}"
+        self.core.patch_namespaced_pod_status(state.name, state.namespace, {"status": status})
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion ($$ escapes), for env values, command and args."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", lambda m: _lookup(m, env), value)
+
+
+def _lookup(match: re.Match[str], env: dict[str, str]) -> str:
+    if match.group(0) == "$$":
+        return "$"
+    return env.get(match.group(1), match.group(0))
