@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-REASON_SUCCEEDED = "Succeeded"
+REASON_SUCCEEDED = "AllNodesSucceeded"
 REASON_BACKOFF_LIMIT = "BackoffLimitExceeded"
 REASON_DEADLINE = "DeadlineExceeded"
 REASON_NODE_FAILED = "NodeFailed"
@@ -38,20 +38,21 @@ def decide(
 ) -> Decision:
     """The next step of a gang whose node `i` exited with `exit_codes[i]` (None: still running).
 
-    - every node exited 0: succeed;
+    In the order of the operator's `status.decide`:
+    - any node exited non-zero: stop the others and restart the whole gang, unless
+      `max_restarts` restarts were already made: then fail, BackoffLimitExceeded;
+    - every node exited 0: succeed (a node that finished waits for the others);
     - past activeDeadlineSeconds (counted from the job's first start): fail, DeadlineExceeded;
-    - any node exited non-zero: stop the others and restart the whole gang, unless that restart
-      would be number `max_restarts + 1`: then fail, BackoffLimitExceeded;
     - otherwise keep waiting.
     """
+    failed = [(rank, code) for rank, code in enumerate(exit_codes) if code not in (None, 0)]
+    if failed:
+        rank, code = failed[0]
+        if restarts >= max_restarts:
+            return Decision("fail", REASON_BACKOFF_LIMIT, rank, code)
+        return Decision("restart", REASON_NODE_FAILED, rank, code)
     if exit_codes and all(code == 0 for code in exit_codes):
         return Decision("succeed", REASON_SUCCEEDED)
     if active_deadline_s is not None and elapsed_s >= active_deadline_s:
         return Decision("fail", REASON_DEADLINE)
-    failed = [(rank, code) for rank, code in enumerate(exit_codes) if code not in (None, 0)]
-    if failed:
-        rank, code = failed[0]
-        if restarts + 1 > max_restarts:
-            return Decision("fail", REASON_BACKOFF_LIMIT, rank, code)
-        return Decision("restart", REASON_NODE_FAILED, rank, code)
     return Decision("wait")

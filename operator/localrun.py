@@ -221,6 +221,8 @@ class Supervisor:
     def _stop(self, nodes: Sequence[_Node]) -> None:
         """SIGTERM every node's process group, SIGKILL what is left after the grace period,
         wait for every process (and reap orphaned workers)."""
+        started = time.monotonic()
+        live = sum(node.proc.poll() is None for node in nodes)
         for node in nodes:
             if node.proc.poll() is None:
                 _killpg(node.proc.pid, signal.SIGKILL if self._hurry else signal.SIGTERM)
@@ -232,6 +234,8 @@ class Supervisor:
         for node in nodes:
             node.proc.wait()
             _reap_group(node.proc.pid)
+        if live:
+            self.view.notice(f"stopped {live} running node(s) in {time.monotonic() - started:.1f}s")
 
     def _finish_attempt(self, nodes: Sequence[_Node]) -> None:
         for node in nodes:
