@@ -110,14 +110,19 @@ def _env(job: TrainingJob, namespace: str, node_rank: int, settings: RenderSetti
     return env
 
 
+def quantity(value: int | str) -> str:
+    """Quantities go out as strings, as the API serves them (clients reject ints there)."""
+    return str(value)
+
+
 def _resources(job: TrainingJob) -> dict[str, Any]:
     spec = job.spec
-    requests: dict[str, Any] = dict((spec.resources.requests or {}) if spec.resources else {})
-    limits: dict[str, Any] = {**requests, **((spec.resources.limits or {}) if spec.resources else {})}
+    requests = {k: quantity(v) for k, v in ((spec.resources.requests or {}) if spec.resources else {}).items()}
+    limits = {k: quantity(v) for k, v in ((spec.resources.limits or {}) if spec.resources else {}).items()}
+    limits = {**requests, **limits}
     if spec.gpus_per_node:
         # Extended resources cannot be overcommitted: requests must equal limits.
-        requests[GPU_RESOURCE] = spec.gpus_per_node
-        limits[GPU_RESOURCE] = spec.gpus_per_node
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = quantity(spec.gpus_per_node)
     out: dict[str, Any] = {}
     if requests:
         out["requests"] = requests
@@ -130,7 +135,9 @@ def _checkpoint_volume(job: TrainingJob) -> dict[str, Any]:
     volume = job.spec.checkpoint.volume
     if volume is not None and volume.persistent_volume_claim is not None:
         return {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": volume.persistent_volume_claim.wire()}
-    empty_dir = volume.empty_dir.wire() if volume is not None and volume.empty_dir is not None else {}
+    empty_dir: dict[str, Any] = {}
+    if volume is not None and volume.empty_dir is not None and volume.empty_dir.size_limit is not None:
+        empty_dir["sizeLimit"] = quantity(volume.empty_dir.size_limit)
     return {"name": CHECKPOINT_VOLUME, "emptyDir": empty_dir}
 
 
@@ -190,7 +197,7 @@ def render_pod(
         "containers": [container],
         "volumes": [
             _checkpoint_volume(job),
-            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": quantity(spec.shm_size)}},
         ],
     }
     if spec.service_account_name:

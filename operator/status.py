@@ -397,7 +397,8 @@ def decide(
             else:
                 decision.requeue((due - now).total_seconds())
         if not finished and run.scheduling_timeout_seconds is not None:
-            for p in sorted(current, key=lambda p: p.rank or 0):
+            # A pod the scheduler explained comes first: its message is the useful one.
+            for p in sorted(current, key=lambda p: (not p.schedule_message, p.rank or 0)):
                 if p.phase != "Pending" or p.scheduled or p.created is None:
                     continue
                 due = p.created + timedelta(seconds=run.scheduling_timeout_seconds)

@@ -149,16 +149,20 @@ class Cluster:
         selector = f"involvedObject.name={job},involvedObject.kind={naming.KIND}"
         return list(self.core.list_namespaced_event(self.namespace, field_selector=selector).items)
 
-    def wait_job(self, name: str, predicate: Callable[[dict[str, Any]], Any], what: str, timeout: float = 30) -> Any:
+    def wait_job(
+        self, name: str, predicate: Callable[[dict[str, Any]], Any], what: str, timeout: float = 30
+    ) -> dict[str, Any]:
+        """The job once `predicate` holds for it."""
         last: dict[str, Any] = {}
 
-        def check() -> Any:
+        def check() -> dict[str, Any] | None:
             nonlocal last
             last = self.job(name) or {}
-            return predicate(last)
+            return last if predicate(last) else None
 
         try:
-            return wait_for(check, timeout, f"{name}: {what}", interval=0.1)
+            job: dict[str, Any] = wait_for(check, timeout, f"{name}: {what}", interval=0.1)
+            return job
         except Exception as exc:
             raise AssertionError(f"{name}: {what}; last status: {last.get('status')}") from exc
 

@@ -152,12 +152,13 @@ def test_active_deadline_fails_and_deletes_the_pods(cluster: Cluster, operator: 
 def test_scheduling_timeout_fails_with_the_schedulers_message(
     cluster: Cluster, operator: OperatorProcess, kubelet: FakeKubelet
 ) -> None:
-    cluster.create_job("nofit", nodes=2, gpusPerNode=8, runPolicy={"schedulingTimeoutSeconds": 2})
-    cluster.wait_pods("nofit", 2)
+    cluster.create_job("nofit", nodes=2, gpusPerNode=8, runPolicy={"schedulingTimeoutSeconds": 5})
     message = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
-    # What kube-scheduler writes on a pod it cannot place.
+    # What kube-scheduler writes on a pod it cannot place (this control plane runs none).
     scheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
-    kubelet.patch_status(cluster.namespace, "nofit-node-1", {"conditions": [scheduled]})
+    for pod in cluster.wait_pods("nofit", 2):
+        assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "8"
+        kubelet.patch_status(cluster.namespace, pod.metadata.name, {"conditions": [scheduled]})
     job = cluster.wait_job("nofit", has_condition("Failed", reason="Unschedulable"), "Unschedulable", 20)
     assert message in condition(job, "Failed")["message"]  # type: ignore[index]
     wait_for(lambda: not cluster.live_pods("nofit"), 20, "pending pods deleted")

@@ -121,7 +121,8 @@ def test_reserved_env_asserted_in_renderer_too() -> None:
 
 
 def test_pod_shape() -> None:
-    j = job(nodes=2, gpusPerNode=2, backend="nccl", resources={"requests": {"cpu": "4", "memory": "8Gi"}})
+    # An int quantity (cpu: 4) is rendered as the string the API serves.
+    j = job(nodes=2, gpusPerNode=2, backend="nccl", resources={"requests": {"cpu": 4, "memory": "8Gi"}})
     pod = render_pod(j, "ns", UID, 1, 3)
     meta, spec = pod["metadata"], pod["spec"]
     (container,) = spec["containers"]
@@ -143,8 +144,8 @@ def test_pod_shape() -> None:
     assert "args" not in container
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert container["resources"] == {
-        "requests": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": 2},
-        "limits": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": 2},
+        "requests": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "2"},
+        "limits": {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "2"},
     }
     assert container["volumeMounts"] == [
         {"name": "checkpoints", "mountPath": "/checkpoints"},
