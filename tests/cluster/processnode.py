@@ -186,8 +186,10 @@ class ProcessNode:
             self.core.delete_namespaced_pod(
                 pod.metadata.name,
                 pod.metadata.namespace,
-                grace_period_seconds=0,
-                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.metadata.uid)),
+                # With a body the server reads the options from it, not from query parameters.
+                body=client.V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=pod.metadata.uid)
+                ),
             )
 
     # --- running containers --------------------------------------------------------------
