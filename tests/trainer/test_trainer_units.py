@@ -229,3 +229,44 @@ def test_metrics_records_on_rank0_only(tmp_path: Path, capsys: pytest.CaptureFix
     assert not (tmp_path / "r1").exists()
     with pytest.raises(ValueError, match="unknown metrics event"):
         MetricsLogger(0, None).emit("bogus", step=0, epoch=0)
+
+
+# --- preflight and imports ------------------------------------------------------------------
+
+
+def test_preflight_names_rank_and_operation_of_a_wrong_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    from kubetrain.trainer import dist as kdist
+    from kubetrain.trainer.preflight import PreflightError, run_preflight
+
+    ctx = kdist.setup("gloo", environ={})
+    try:
+        assert run_preflight(ctx, bandwidth=False)["ok"]
+        real = dist.all_gather
+
+        def corrupt(out: list[torch.Tensor], tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            result = real(out, tensor, *args, **kwargs)
+            out[0].add_(7)
+            return result
+
+        monkeypatch.setattr(dist, "all_gather", corrupt)
+        with pytest.raises(PreflightError, match=r"rank 0: all_gather: got \[7\.0\], expected \[0\.0\]"):
+            run_preflight(ctx, bandwidth=False)
+    finally:
+        kdist.teardown()
+
+
+def test_trainer_package_imports_without_torch_or_operator_deps() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        import kubetrain.trainer, kubetrain.trainer.config, kubetrain.trainer.contract
+        assert "torch" not in sys.modules, "config/contract must stay torch-free"
+        import kubetrain.trainer.lib, kubetrain.trainer.train, kubetrain.trainer.preflight, kubetrain.trainer.__main__
+        bad = sorted(m for m in sys.modules if m.split(".")[0] in ("kopf", "kubernetes"))
+        bad += [m for m in sys.modules if m.startswith("kubetrain.operator")]
+        assert not bad, bad
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

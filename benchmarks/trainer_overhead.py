@@ -1,0 +1,345 @@
+"""What kubetrain's trainer costs over hand-written PyTorch, measured on this machine.
+
+    .venv/bin/python benchmarks/trainer_overhead.py [--ranks 2] [--reps 5] [--steps 150]
+
+Starts `--ranks` processes on 127.0.0.1 with the operator's env contract (gloo, one thread
+each) and measures, interleaving the arms within each repetition so that drift of a shared
+machine hits both alike:
+
+1. loop overhead: kubetrain's `train()` against a minimal hand-written DDP loop over the same
+   model, data, DataLoader, optimizer and schedule. Reported as a throughput ratio
+   (hand time / kubetrain time) over the steady-state steps, and end to end (kubetrain's
+   end to end also holds its epoch-end eval and final checkpoint, the hand loop neither).
+2. DDP cost: DDP against a no-communication control (each rank trains its own copy), with
+   gradient sync every step and with 4-step `no_sync` accumulation.
+3. checkpoint: one collective `Checkpointer.save` of model + AdamW against one step.
+
+Results go to benchmarks/results/trainer_overhead.json with the machine described.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULT = ROOT / "benchmarks" / "results" / "trainer_overhead.json"
+
+FEATURES, HIDDEN, BATCH = 256, 1024, 64
+
+
+def _config(directory: str, steps: int, world: int) -> Any:
+    from kubetrain.trainer.config import TrainConfig
+
+    test_fraction = 0.02
+    samples = int(steps * BATCH * world / (1 - test_fraction)) + 4 * BATCH * world
+    return TrainConfig.model_validate(
+        {
+            "backend": "gloo",
+            "training": {
+                "model": "mlp",
+                "dataset": "synthetic",
+                "syntheticSamples": samples,
+                "syntheticFeatures": FEATURES,
+                "hiddenSize": HIDDEN,
+                "testFraction": test_fraction,
+                "epochs": 1,
+                "maxSteps": steps,
+                "batchSize": BATCH,
+                "learningRate": 1e-3,
+                "logEverySteps": 10,
+            },
+            "checkpoint": {"dir": directory, "keep": 1},
+        }
+    )
+
+
+def _max_over_ranks(value: float) -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _kubetrain_run(ctx: Any, directory: str, steps: int) -> dict[str, float]:
+    import torch.distributed as dist
+
+    from kubetrain.trainer.metrics import METRICS_FILE
+    from kubetrain.trainer.train import train
+
+    config = _config(directory, steps, ctx.world_size)
+    dist.barrier()
+    start = time.perf_counter()
+    train(config, ctx)
+    total = _max_over_ranks(time.perf_counter() - start)
+    steady = 0.0
+    if ctx.rank == 0:
+        recs = [json.loads(line) for line in (Path(directory) / METRICS_FILE).read_text().splitlines()]
+        step_recs = [r for r in recs if r["event"] == "step"]
+        first, last = step_recs[0], step_recs[-1]
+        steady = (last["time"] - first["time"]) / (last["step"] - first["step"])
+    return {"total_s": total, "steady_step_s": steady}
+
+
+def _hand_run(ctx: Any, steps: int) -> dict[str, float]:
+    """The minimal loop a user would write: same pieces, no checkpoints, logs or eval."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from kubetrain.trainer.data import load_splits, sharded_loader
+    from kubetrain.trainer.model import build_model
+    from kubetrain.trainer.train import build_optimizer, cosine_schedule
+
+    spec = _config("unused", steps, ctx.world_size).training
+    dist.barrier()
+    start = time.perf_counter()
+    splits = load_splits(spec)
+    loader = sharded_loader(splits.train, batch_size=BATCH, rank=ctx.rank, world_size=ctx.world_size, seed=spec.seed)
+    torch.manual_seed(spec.seed)
+    model = DDP(build_model(spec, splits.input_shape, splits.num_classes), gradient_as_bucket_view=True)
+    optimizer = build_optimizer(spec, model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_schedule(steps))
+    batches = loader.epoch(0)
+    marks = {}
+    for step in range(1, steps + 1):
+        x, y = next(batches)
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step in (10, steps):
+            marks[step] = time.perf_counter()
+    total = _max_over_ranks(time.perf_counter() - start)
+    return {"total_s": total, "steady_step_s": (marks[steps] - marks[10]) / (steps - 10)}
+
+
+def _comm_run(ctx: Any, *, ddp: bool, accum: int, micro_batches: int) -> float:
+    """Seconds for `micro_batches` forward/backward passes, DDP or no communication at all."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from kubetrain.trainer.model import MLP
+    from kubetrain.trainer.train import accumulate_gradients
+
+    torch.manual_seed(0)
+    module = MLP(FEATURES, HIDDEN, 10)
+    model = DDP(module, gradient_as_bucket_view=True) if ddp else module
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(ctx.rank)
+    data = [(torch.randn(BATCH, FEATURES, generator=gen), torch.randint(0, 10, (BATCH,), generator=gen)) for _ in range(8)]
+    batches = (data[i % len(data)] for i in range(micro_batches))
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(micro_batches // accum):
+        accumulate_gradients(model, batches, accum)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return _max_over_ranks(time.perf_counter() - start)
+
+
+def _checkpoint_run(ctx: Any, directory: str) -> float:
+    import torch
+    import torch.distributed as dist
+
+    from kubetrain.trainer.checkpoint import Checkpointer
+    from kubetrain.trainer.model import MLP
+
+    module = MLP(FEATURES, HIDDEN, 10)
+    optimizer = torch.optim.AdamW(module.parameters())
+    module(torch.randn(2, FEATURES)).sum().backward()
+    optimizer.step()  # AdamW state exists, as in a real save
+    ckpt = Checkpointer(directory, rank=ctx.rank, world_size=ctx.world_size, keep=1)
+    times = []
+    for step in range(5):
+        dist.barrier()
+        start = time.perf_counter()
+        ckpt.save(step, {"model": module.state_dict(), "optimizer": optimizer.state_dict()})
+        dist.barrier()  # rank 0 alone writes; the others wait, as at their next collective
+        times.append(_max_over_ranks(time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    from kubetrain.trainer import dist as kdist
+    from kubetrain.trainer.checkpoint import complete_checkpoints
+    from kubetrain.trainer.metrics import configure_logging
+
+    torch.set_num_threads(1)
+    ctx = kdist.setup("gloo", timeout_s=600, connect_timeout_s=60)
+    configure_logging(ctx.rank)
+    # The trainer's rank-0 records would go to stdout: this worker reports through --out only.
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+    results: dict[str, Any] = {"loop": [], "comm": [], "checkpoint": {}}
+    try:
+        base = Path(args.scratch)
+        # One unrecorded round first: the first call of each path pays one-time costs
+        # (lazy imports, first DDP construction, first torch.save) of several seconds.
+        _kubetrain_run(ctx, str(base / "warmup"), 20)
+        _hand_run(ctx, 20)
+        for ddp, accum in ((True, 4), (False, 4), (True, 1), (False, 1)):
+            _comm_run(ctx, ddp=ddp, accum=accum, micro_batches=8)
+        for rep in range(args.reps):
+            pair: dict[str, Any] = {}
+            for arm in ("kubetrain", "hand") if rep % 2 == 0 else ("hand", "kubetrain"):
+                if arm == "kubetrain":
+                    pair[arm] = _kubetrain_run(ctx, str(base / f"rep{rep}"), args.steps)
+                else:
+                    pair[arm] = _hand_run(ctx, args.steps)
+            results["loop"].append(pair)
+            runs = {}
+            arms = [(ddp, accum) for accum in (4, 1) for ddp in (True, False)]
+            for ddp, accum in arms if rep % 2 == 0 else arms[::-1]:
+                runs[f"{'ddp' if ddp else 'control'}_accum{accum}"] = _comm_run(
+                    ctx, ddp=ddp, accum=accum, micro_batches=args.micro_batches
+                )
+            results["comm"].append(runs)
+        results["checkpoint"]["save_s"] = _checkpoint_run(ctx, str(base / "ckpt"))
+        if ctx.rank == 0:
+            path = complete_checkpoints(base / "ckpt")[-1][1]
+            results["checkpoint"]["bytes"] = sum(f.stat().st_size for f in path.iterdir())
+            Path(args.out).write_text(json.dumps(results))
+    finally:
+        kdist.teardown()
+
+
+def _machine() -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "logical_cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads_per_rank": 1,
+        "backend": "gloo",
+        "note": (
+            "shared machine: other work ran alongside; compare arms within a repetition, not across runs. "
+            "One unrecorded warm-up round of every arm precedes the repetitions."
+        ),
+    }
+
+
+def _summary(raw: dict[str, Any], args: argparse.Namespace, wall: float, load: tuple[float, ...]) -> dict[str, Any]:
+    loop = raw["loop"]
+    steady = [p["hand"]["steady_step_s"] / p["kubetrain"]["steady_step_s"] for p in loop]
+    end_to_end = [p["hand"]["total_s"] / p["kubetrain"]["total_s"] for p in loop]
+    comm = raw["comm"]
+    ddp_every = [r["control_accum1"] / r["ddp_accum1"] for r in comm]
+    ddp_nosync = [r["control_accum4"] / r["ddp_accum4"] for r in comm]
+    step_s = statistics.median(p["kubetrain"]["steady_step_s"] for p in loop)
+    save_s = raw["checkpoint"]["save_s"]
+    model_params = FEATURES * HIDDEN + HIDDEN + HIDDEN * HIDDEN + HIDDEN + HIDDEN * 10 + 10
+    return {
+        "benchmark": "trainer_overhead",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {**_machine(), "load_average_before": load, "load_average_after": os.getloadavg()},
+        "setup": {
+            "ranks": args.ranks,
+            "reps": args.reps,
+            "steps_per_run": args.steps,
+            "micro_batches_per_comm_run": args.micro_batches,
+            "model": f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-10 ({model_params} params)",
+            "batch_per_rank": BATCH,
+            "wall_s": round(wall, 1),
+        },
+        "loop_vs_hand": {
+            "throughput_ratio_steady_median": round(statistics.median(steady), 4),
+            "throughput_ratio_steady_all": [round(r, 4) for r in steady],
+            "throughput_ratio_end_to_end_median": round(statistics.median(end_to_end), 4),
+            "throughput_ratio_end_to_end_all": [round(r, 4) for r in end_to_end],
+            "target": 0.98,
+        },
+        "ddp_vs_no_communication": {
+            "sync_every_step_median": round(statistics.median(ddp_every), 4),
+            "no_sync_accum4_median": round(statistics.median(ddp_nosync), 4),
+            "sync_every_step_all": [round(r, 4) for r in ddp_every],
+            "no_sync_accum4_all": [round(r, 4) for r in ddp_nosync],
+            "target_no_sync_accum4": 0.95,
+        },
+        "checkpoint": {
+            "save_ms_median": round(save_s * 1000, 2),
+            "step_ms_median": round(step_s * 1000, 2),
+            "save_over_step": round(save_s / step_s, 2),
+            "bytes": raw["checkpoint"]["bytes"],
+        },
+        "raw": raw,
+    }
+
+
+def launch(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(ROOT))
+    from kubetrain.trainer import contract
+
+    load = os.getloadavg()
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kubetrain-bench-") as scratch:
+        out = Path(scratch) / "raw.json"
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        procs = []
+        for rank in range(args.ranks):
+            env = {k: v for k, v in os.environ.items() if k not in contract.RESERVED_ENV}
+            env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+            env.update(
+                contract.rendezvous_env(
+                    master_addr="127.0.0.1", master_port=port, nnodes=args.ranks, node_rank=rank, nproc_per_node=1
+                )
+            )
+            cmd = [sys.executable, __file__, "--worker", "--out", str(out), "--scratch", scratch]
+            cmd += ["--reps", str(args.reps), "--steps", str(args.steps), "--micro-batches", str(args.micro_batches)]
+            procs.append(subprocess.Popen(cmd, env=env))
+        codes = [proc.wait() for proc in procs]
+        if any(codes):
+            raise SystemExit(f"benchmark workers failed: exit codes {codes}")
+        summary = _summary(json.loads(out.read_text()), args, time.monotonic() - start, load)
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    RESULT.write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in summary.items() if k != "raw"}, indent=2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--micro-batches", type=int, default=160)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+    else:
+        launch(args)
+
+
+if __name__ == "__main__":
+    main()
