@@ -140,7 +140,9 @@ def _comm_run(ctx: Any, *, ddp: bool, accum: int, micro_batches: int) -> float:
     model = DDP(module, gradient_as_bucket_view=True) if ddp else module
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(ctx.rank)
-    data = [(torch.randn(BATCH, FEATURES, generator=gen), torch.randint(0, 10, (BATCH,), generator=gen)) for _ in range(8)]
+    data = [
+        (torch.randn(BATCH, FEATURES, generator=gen), torch.randint(0, 10, (BATCH,), generator=gen)) for _ in range(8)
+    ]
     batches = (data[i % len(data)] for i in range(micro_batches))
     dist.barrier()
     start = time.perf_counter()
