@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -428,3 +429,51 @@ def test_rendered_gang_is_admitted_as_restricted_and_runs_ddp(
             assert phase == "Succeeded", node.logs(namespace, name)
             assert "world 2 sum 3.0" in node.logs(namespace, name)
         assert node.errors == []
+
+
+def test_end_to_end_apply_operator_pods_training_succeeded(
+    crds_installed: ControlPlane, kube_api: Any, namespace: str, tmp_path: Path
+) -> None:
+    """kubectl apply -> the operator creates the gang -> the process node runs the real
+    trainer under torchrun (gloo, 2 nodes) -> the TrainingJob reports Succeeded."""
+    pytest.importorskip("torch")
+    doc = job_doc("e2e", masterPort=free_port())
+    doc["spec"]["training"] = {**doc["spec"]["training"], "epochs": 1}
+    log_path = tmp_path / "operator.log"
+    argv = [
+        str(Path(sys.executable).parent / "kubetrain"),
+        "operator",
+        f"--namespaces={namespace}",
+        f"--health-port={free_port()}",
+        "--metrics-port=0",
+        "--log-format=plain",
+        "--progress-interval=2",
+    ]
+    env = {**os.environ, "KUBECONFIG": str(crds_installed.kubeconfig)}
+    custom = client.CustomObjectsApi(kube_api)
+
+    def finished() -> str | None:
+        job = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "e2e")
+        phase = job.get("status", {}).get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    with log_path.open("wb") as log:
+        operator = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        with ProcessNode(crds_installed.api_client, namespaces=[namespace], workdir=tmp_path / "node") as node:
+            crds_installed.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
+            phase = wait_for(finished, 240, f"the TrainingJob to finish (operator log: {log_path})")
+            rank0 = node.logs(namespace, naming.pod_name("e2e", 0))
+            assert phase == "Succeeded", f"{rank0[-3000:]}\n{log_path.read_text()[-3000:]}"
+            assert '"event":"done"' in rank0, rank0[-3000:]
+            checkpoints = node.workdir / "pods" / namespace / naming.pod_name("e2e", 0) / "volumes" / "checkpoints"
+            assert list(checkpoints.glob("step-*")), "rank 0 wrote no checkpoint into its mounted volume"
+            assert node.errors == []
+    finally:
+        operator.terminate()
+        try:
+            operator.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+            operator.wait()
+    assert "Traceback" not in log_path.read_text(), log_path.read_text()[-3000:]
