@@ -285,7 +285,9 @@ def test_operator_runs_with_the_charts_env_and_service_account(
                 )
                 return dict(body.get("status") or {})
 
-            first = wait_for(lambda: (found := pods()) and len(found) == 2 and found, 60, "the gang's 2 pods")
+            # In namespaced mode kopf first retries its refused cluster-wide scans (~55 s with its
+            # default backoffs) unless the operator disables scanning for exact namespaces.
+            first = wait_for(lambda: (found := pods()) and len(found) == 2 and found, 120, "the gang's 2 pods")
             core.read_namespaced_service("rbac-probe", watched)
             wait_for(lambda: status().get("phase"), 60, "status written through the status subresource")
             wait_for(
