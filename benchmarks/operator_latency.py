@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import statistics
@@ -39,9 +40,9 @@ WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
 RESOURCES = ("pods", "services", "events", "trainingjobs")
 
 
-def server_writes(api: Any) -> dict[str, float]:
+def server_writes(cp: Any) -> dict[str, float]:
     """apiserver_request_total for writes on the operator's resources, by verb/resource/subresource."""
-    text = api.call_api("/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False)[0].data.decode()
+    text = cp.kubectl("get", "--raw", "/metrics").stdout
     counts: dict[str, float] = {}
     for line in text.splitlines():
         if not line.startswith("apiserver_request_total{"):
@@ -80,7 +81,12 @@ def main() -> int:
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         namespace = "bench"
         core.create_namespace({"metadata": {"name": namespace}})
-        wait_for(lambda: core.read_namespaced_service_account("default", namespace), 30, "default SA")
+
+        def has_default_sa() -> bool:
+            names = [sa.metadata.name for sa in core.list_namespaced_service_account(namespace).items]
+            return "default" in names
+
+        wait_for(has_default_sa, 30, "the default ServiceAccount")
 
         proc = OperatorProcess(cp.kubeconfig, workdir / "operator.log", namespaces=namespace).start()
         names = [f"bench-{i:03d}" for i in range(args.jobs)]
@@ -88,23 +94,24 @@ def main() -> int:
         seen: dict[str, set[str]] = {name: set() for name in names}
         done_at: dict[str, float] = {}
         lock = threading.Lock()
-        watching = threading.Event()
 
         def watch_kind(list_fn: Any) -> None:
             w = watch.Watch()
-            selector = naming.LABEL_JOB
-            for event in w.stream(list_fn, namespace, label_selector=selector, timeout_seconds=120):
-                watching.set()
-                if event["type"] != "ADDED":
-                    continue
-                obj = event["object"]
-                job = obj.metadata.labels[naming.LABEL_JOB]
-                with lock:
-                    seen[job].add(f"{obj.kind}/{obj.metadata.name}")
-                    if len(seen[job]) == expected and job not in done_at:
-                        done_at[job] = time.perf_counter()
-                        if len(done_at) == len(names):
-                            w.stop()
+            try:
+                for event in w.stream(list_fn, namespace, label_selector=naming.LABEL_JOB, timeout_seconds=120):
+                    if event["type"] == "ADDED":
+                        record(w, event["object"])
+            except Exception:  # the control plane stopping under an open watch
+                return
+
+        def record(w: Any, obj: Any) -> None:
+            job = obj.metadata.labels[naming.LABEL_JOB]
+            with lock:
+                seen[job].add(f"{obj.kind}/{obj.metadata.name}")
+                if len(seen[job]) == expected and job not in done_at:
+                    done_at[job] = time.perf_counter()
+                    if len(done_at) == len(names):
+                        w.stop()
 
         watchers = [
             threading.Thread(target=watch_kind, args=(fn,), daemon=True)
@@ -113,7 +120,7 @@ def main() -> int:
         for t in watchers:
             t.start()
         time.sleep(0.5)  # both watches established (they return nothing until an object exists)
-        before = server_writes(api)
+        before = server_writes(cp)
 
         created_at: dict[str, float] = {}
 
@@ -144,10 +151,10 @@ def main() -> int:
 
         wait_for(settled, 60, "every job's Created condition")
         previous: dict[str, float] = {}
-        current = server_writes(api)
+        current = server_writes(cp)
         while current != previous:  # stable across 2 s: nothing more in flight
             time.sleep(2)
-            previous, current = current, server_writes(api)
+            previous, current = current, server_writes(cp)
         writes = {k: current.get(k, 0.0) - before.get(k, 0.0) for k in current}
         writes = {k: v for k, v in writes.items() if v}
         operator_writes = sum(writes.values()) - writes.get("POST trainingjobs", 0.0)
@@ -158,7 +165,7 @@ def main() -> int:
         metric_lines = [
             line
             for line in proc.metrics().splitlines()
-            if line.startswith(("kubetrain_api_writes_total", "kubetrain_reconcile_duration_seconds_count"))
+            if line.startswith(("kubetrain_api_writes_total", "kubetrain_reconcile_duration_seconds"))
         ]
         proc.stop()
         result = {
@@ -178,7 +185,11 @@ def main() -> int:
             "api_writes_by_kind": writes,
             "operator_rss_mib": round(rss / 2**20, 1),
             "operator_metrics": metric_lines,
-            "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version()},
+            "machine": {
+                "cpus": psutil.cpu_count(),
+                "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+                "python": platform.python_version(),
+            },
         }
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=2) + "\n")

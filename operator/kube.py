@@ -6,8 +6,7 @@ is replaced with the resourceVersion it was computed from, so a decision made on
 view fails with `Conflict` instead of overwriting newer truth.
 
 The kubernetes client is synchronous; calls run in a thread pool so that one slow call
-never blocks kopf's event loop. Responses are read raw (`_preload_content=False`): the
-generated models' deserialization costs more CPU than the request itself.
+never blocks kopf's event loop.
 """
 
 from __future__ import annotations
@@ -17,18 +16,27 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from kubernetes import client, config
 
 from . import naming
 from .metrics import API_WRITES
 
-T = TypeVar("T")
 COMPONENT = "kubetrain-operator"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        try:
+            message = str(json.loads(body).get("message", ""))
+        except (TypeError, ValueError, AttributeError):
+            message = body[:500].decode(errors="replace")
+        super().__init__(f"{status}: {message}")
+        self.message = message
 
 
 class Conflict(Exception):
@@ -50,44 +58,68 @@ def load_api_client(workers: int) -> Any:
     return client.ApiClient(configuration)
 
 
+def _core(namespace: str, plural: str, name: str = "") -> str:
+    return f"/api/v1/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
+
+
+def _job_path(namespace: str, name: str, subresource: str = "") -> str:
+    path = f"/apis/{naming.GROUP}/{naming.VERSION}/namespaces/{namespace}/{naming.PLURAL}/{name}"
+    return path + (f"/{subresource}" if subresource else "")
+
+
 class Kube:
     def __init__(self, api_client: Any, workers: int = 16) -> None:
         self.api = api_client
-        self.core = client.CoreV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
         self.instance = socket.gethostname()
 
-    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, lambda: fn(*args, **kwargs))
-
-    @staticmethod
-    def _json(response: Any) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(response.data)
+    def _request_sync(
+        self, method: str, path: str, body: Any = None, query: list[tuple[str, Any]] | None = None
+    ) -> bytes:
+        # The client's generated methods validate every argument with pydantic and
+        # deserialize responses into models: several ms of CPU per call, which dominated
+        # creating 50 gangs at once. The operator's bodies are plain dicts it rendered
+        # itself, so it uses the client's transport (auth, TLS, connection pool) directly.
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        method, url, headers, body, _ = self.api.param_serialize(
+            method, path, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
+        )
+        response = self.api.call_api(method, url, headers, body)
+        data: bytes = response.read()
+        if response.status >= 400:
+            raise ApiError(response.status, data)
         return data
+
+    async def _request(
+        self, method: str, path: str, body: Any = None, query: list[tuple[str, Any]] | None = None
+    ) -> bytes:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, lambda: self._request_sync(method, path, body, query))
 
     # --- children -----------------------------------------------------------------------
     async def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         """Create a Pod or Service; None if one of that name exists already."""
-        namespace, kind = obj["metadata"]["namespace"], obj["kind"]
-        create = self.core.create_namespaced_pod if kind == "Pod" else self.core.create_namespaced_service
-        API_WRITES.labels("create", kind.lower() + "s").inc()
+        plural = obj["kind"].lower() + "s"
+        API_WRITES.labels("create", plural).inc()
         try:
-            return self._json(await self._call(create, namespace, obj, _preload_content=False))
-        except client.ApiException as exc:
+            path = _core(obj["metadata"]["namespace"], plural)
+            created: dict[str, Any] = json.loads(await self._request("POST", path, obj))
+        except ApiError as exc:
             if exc.status == 409:
                 return None
             if exc.status in (403, 422):
-                raise Invalid(_message(exc)) from exc
+                raise Invalid(exc.message) from exc
             raise
+        return created
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None) -> None:
         API_WRITES.labels("delete", "pods").inc()
         body = {"preconditions": {"uid": uid}} if uid else {}
         try:
-            await self._call(self.core.delete_namespaced_pod, name, namespace, body=body, _preload_content=False)
-        except client.ApiException as exc:
+            await self._request("DELETE", _core(namespace, "pods", name), body)
+        except ApiError as exc:
             # 404: gone already. 409: the uid precondition failed, so the name belongs to a
             # newer pod, which must live.
             if exc.status not in (404, 409):
@@ -96,20 +128,12 @@ class Kube:
     # --- the TrainingJob ----------------------------------------------------------------
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            response = await self._call(
-                self.custom.get_namespaced_custom_object,
-                naming.GROUP,
-                naming.VERSION,
-                namespace,
-                naming.PLURAL,
-                name,
-                _preload_content=False,
-            )
-        except client.ApiException as exc:
+            job: dict[str, Any] = json.loads(await self._request("GET", _job_path(namespace, name)))
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
-        return self._json(response)
+        return job
 
     async def replace_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any] | None:
         """Write the whole status, conditional on body's resourceVersion. None if the job is gone."""
@@ -127,38 +151,23 @@ class Kube:
         }
         API_WRITES.labels("update", "trainingjobs/status").inc()
         try:
-            response = await self._call(
-                self.custom.replace_namespaced_custom_object_status,
-                naming.GROUP,
-                naming.VERSION,
-                meta["namespace"],
-                naming.PLURAL,
-                meta["name"],
-                document,
-                _preload_content=False,
+            written: dict[str, Any] = json.loads(
+                await self._request("PUT", _job_path(meta["namespace"], meta["name"], "status"), document)
             )
-        except client.ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             if exc.status == 409:
                 raise Conflict(f"{meta['namespace']}/{meta['name']} changed since it was read") from exc
             raise
-        return self._json(response)
+        return written
 
     async def delete_job(self, namespace: str, name: str, uid: str) -> None:
         API_WRITES.labels("delete", "trainingjobs").inc()
+        body = {"preconditions": {"uid": uid}, "propagationPolicy": "Background"}
         try:
-            await self._call(
-                self.custom.delete_namespaced_custom_object,
-                naming.GROUP,
-                naming.VERSION,
-                namespace,
-                naming.PLURAL,
-                name,
-                body={"preconditions": {"uid": uid}, "propagationPolicy": "Background"},
-                _preload_content=False,
-            )
-        except client.ApiException as exc:
+            await self._request("DELETE", _job_path(namespace, name), body)
+        except ApiError as exc:
             if exc.status not in (404, 409):
                 raise
 
@@ -189,23 +198,9 @@ class Kube:
             "count": 1,
         }
         API_WRITES.labels("create", "events").inc()
-        await self._call(self.core.create_namespaced_event, meta["namespace"], event, _preload_content=False)
+        await self._request("POST", _core(meta["namespace"], "events"), event)
 
     async def read_log(self, namespace: str, pod: str, tail_lines: int) -> str:
-        response: Any = await self._call(
-            self.core.read_namespaced_pod_log,
-            pod,
-            namespace,
-            container=naming.CONTAINER_NAME,
-            tail_lines=tail_lines,
-            _preload_content=False,
-        )
-        data: bytes = response.data
+        query = [("container", naming.CONTAINER_NAME), ("tailLines", tail_lines)]
+        data = await self._request("GET", _core(namespace, "pods", pod) + "/log", query=query)
         return data.decode("utf-8", errors="replace")
-
-
-def _message(exc: Any) -> str:
-    try:
-        return str(json.loads(exc.body).get("message", exc.reason))
-    except (TypeError, ValueError):
-        return str(exc.reason)
