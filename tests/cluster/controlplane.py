@@ -389,6 +389,10 @@ def start(workdir: Path | None = None, bin_dir: Path | None = None, timeout: flo
                 "--use-service-account-credentials=true",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--leader-elect=false",
+                # The nodes here are fakes that post no heartbeats: node lifecycle would mark
+                # them unreachable after 50 s and taint eviction delete their pods 300 s later,
+                # in the middle of a long session.
+                "--controllers=*,-node-lifecycle-controller,-taint-eviction-controller",
                 "--v=1",
             ],
         )
