@@ -304,6 +304,14 @@ def test_fake_kubelet_moves_pods_through_their_phases(kube_api: Any, namespace: 
         kubelet.run(namespace, "oom")
     assert err.value.status == 422
 
+    # A running pod on a node is deleted gracefully: it stays until its kubelet confirms.
+    core.create_namespaced_pod(namespace, pod("busy"))
+    kubelet.run(namespace, "busy")
+    core.delete_namespaced_pod("busy", namespace)
+    assert core.read_namespaced_pod("busy", namespace).metadata.deletion_timestamp is not None
+    kubelet.confirm_deletion(namespace, "busy")
+    assert gone(lambda: core.read_namespaced_pod("busy", namespace))
+
 
 # --- tools ---------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ status subresource): Pending -> Running -> Succeeded / Failed with exit codes.
     kubelet.run(ns, "job-node-0")            # bound to the fake node, Running, Ready
     kubelet.succeed(ns, "job-node-0")        # exitCode 0, phase Succeeded
     kubelet.fail(ns, "job-node-1", exit_code=137, reason="OOMKilled")
+    kubelet.confirm_deletion(ns, "job-node-0")   # after a delete: what ends Terminating
 """
 
 from __future__ import annotations
@@ -183,3 +184,15 @@ class FakeKubelet:
         return self.patch_status(
             namespace, name, {"phase": "Failed", "reason": reason, "message": message or f"fake {reason}"}
         )
+
+    def confirm_deletion(self, namespace: str, name: str) -> None:
+        """Finish a graceful deletion as the kubelet does once the containers stopped: a pod
+        bound to a node otherwise stays Terminating for good (no-op if it is gone)."""
+        pod = self.core.read_namespaced_pod(name, namespace)
+        # With a body the server reads the options from it, not from query parameters.
+        options = client.V1DeleteOptions(grace_period_seconds=0, preconditions={"uid": pod.metadata.uid})
+        try:
+            self.core.delete_namespaced_pod(name, namespace, body=options)
+        except client.ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
