@@ -351,6 +351,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # handler log line.
     settings.posting.enabled = False
     settings.watching.server_timeout = 300
+    # With exact namespaces there is nothing to discover cluster-wide (and a namespaced Role
+    # cannot grant the CRD/namespace lists kopf would retry for about a minute).
+    namespaces = _operator().settings.namespaces
+    settings.scanning.disabled = bool(namespaces) and not any(c in n for n in namespaces for c in "*?[")
     # kopf waits this long for more events of an object before handling the newest: 0.1 s
     # by default, all of it added to a new job's time-to-pods. The handlers only enqueue,
     # and the queue coalesces bursts itself.
