@@ -161,7 +161,10 @@ def main() -> int:
 
         latencies = [done_at[n] - created_at[n] for n in names]
         assert proc.proc is not None
-        rss = psutil.Process(proc.proc.pid).memory_info().rss
+        operator_process = psutil.Process(proc.proc.pid)
+        rss = operator_process.memory_info().rss
+        cpu = operator_process.cpu_times()
+        apiserver = psutil.Process(cp.processes["kube-apiserver"].pid).cpu_times()
         metric_lines = [
             line
             for line in proc.metrics().splitlines()
@@ -184,6 +187,10 @@ def main() -> int:
             "api_writes_target_per_job": args.nodes + 3,
             "api_writes_by_kind": writes,
             "operator_rss_mib": round(rss / 2**20, 1),
+            "cpu_seconds_whole_run": {
+                "operator": round(cpu.user + cpu.system, 2),
+                "kube_apiserver": round(apiserver.user + apiserver.system, 2),
+            },
             "operator_metrics": metric_lines,
             "machine": {
                 "cpus": psutil.cpu_count(),
