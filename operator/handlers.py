@@ -18,7 +18,6 @@ them with the job, and the operator never blocks a deletion.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -208,6 +207,8 @@ class Operator:
 
     async def _apply(self, key: Key, job: TrainingJob, body: dict[str, Any], decision: Decision) -> None:
         namespace, name = key
+        # A status write moves resourceVersion on; the cached body itself stays untouched.
+        body = {**body, "metadata": dict(body["metadata"])}
         uid = body["metadata"]["uid"]
         previous = TrainingJobStatus.model_validate(body.get("status") or {})
         new_status = decision.status.wire()
@@ -416,4 +417,7 @@ async def service_event(type: str, namespace: str | None, labels: Mapping[str, s
 
 
 def _to_dict(body: Mapping[str, Any]) -> dict[str, Any]:
-    return copy.deepcopy(dict(body))
+    # Each watch event is freshly parsed JSON that kopf never mutates, so a shallow copy is
+    # a stable snapshot; a deep copy of every pod was a fifth of the operator's CPU when 50
+    # jobs arrived at once.
+    return dict(body)
