@@ -176,7 +176,9 @@ def _make_store(env: DistEnv, timeout: datetime.timedelta) -> Store:
         wait_for_workers=False,
         multi_tenant=not agent,
     )
-    return PrefixStore(_STORE_PREFIX, store)
+    # torchrun restarts workers against the same agent store: keep each attempt's keys apart.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return PrefixStore(f"{_STORE_PREFIX}/attempt_{attempt}", store)
 
 
 def check_world_agreement(store: Store, env: DistEnv) -> None:
