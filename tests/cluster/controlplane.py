@@ -387,6 +387,10 @@ def start(workdir: Path | None = None, bin_dir: Path | None = None, timeout: flo
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--root-ca-file={pki / 'ca.crt'}",
                 "--use-service-account-credentials=true",
+                # At the default 20 QPS, creating one ServiceAccount and token per controller is
+                # throttled client-side and takes seconds before the first one runs.
+                "--kube-api-qps=500",
+                "--kube-api-burst=1000",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--leader-elect=false",
                 # The nodes here are fakes that post no heartbeats: node lifecycle would mark
