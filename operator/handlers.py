@@ -213,17 +213,20 @@ class Operator:
         previous = TrainingJobStatus.model_validate(body.get("status") or {})
         new_status = decision.status.wire()
         changed = new_status != previous.wire()
-        if decision.commit_first and changed:
+        committed = decision.commit_first and changed
+        if committed:
             await self._write_status(key, body, new_status)
             changed = False
         await asyncio.gather(*(self._delete(namespace, pod, pod_uid) for pod, pod_uid in decision.delete_pods))
         try:
             await self._create(key, job, uid, decision)
         except Invalid as error:
-            # A pod the API server refuses (a quota, an admission policy, an invalid field
-            # the schema could not catch) will be refused again: fail the job, loudly.
+            # A pod the API server refuses (an admission policy, an invalid field the schema
+            # could not catch) will be refused again: fail the job, loudly.
             message = f"the API server refused a pod: {error}"[:1024]
-            failed = decision.status.model_copy(deep=True)
+            # Not from an uncommitted decision: that one counted the refused pods as created.
+            failed = (decision.status if committed else previous).model_copy(deep=True)
+            failed.observed_generation = job.metadata.generation
             now = datetime.now(UTC).replace(microsecond=0)
             set_condition(failed, "Failed", True, "PodCreationFailed", message, now, job.metadata.generation)
             failed.completion_time = now

@@ -44,7 +44,7 @@ class Conflict(Exception):
 
 
 class Invalid(Exception):
-    """The API server refused an object as invalid (422) or forbidden by policy (403)."""
+    """The API server refused an object for good: invalid (422) or denied by admission (403)."""
 
 
 def load_api_client(workers: int) -> Any:
@@ -109,7 +109,10 @@ class Kube:
         except ApiError as exc:
             if exc.status == 409:
                 return None
-            if exc.status in (403, 422):
+            # 422: invalid; 403: refused by admission (Pod Security, a policy webhook). Both
+            # refuse the same pod again. An exhausted quota is also a 403 but may clear, so
+            # it is retried with backoff like any other error.
+            if exc.status == 422 or (exc.status == 403 and "exceeded quota" not in exc.message):
                 raise Invalid(exc.message) from exc
             raise
         return created

@@ -211,3 +211,26 @@ def test_ttl_and_delete_garbage_collect_the_children(
         return not any(cluster.pods(n) or cluster.services(n) for n in ("ttl", "gone"))
 
     wait_for(children_gone, 90, "the children garbage-collected with their jobs")
+
+
+def test_pods_pass_pod_security_restricted(cluster: Cluster, operator: OperatorProcess, kube_api: Any) -> None:
+    """The namespace enforces the restricted Pod Security Standard: the server admits the pods."""
+    from kubernetes import client
+
+    labels = {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    }
+    client.CoreV1Api(kube_api).patch_namespace(cluster.namespace, {"metadata": {"labels": labels}})
+    cluster.create_job("strict", nodes=2, gpusPerNode=1, backend="nccl")
+    cluster.wait_job("strict", has_condition("Created"), "Created under enforce=restricted")
+    assert len(cluster.wait_pods("strict", 2)) == 2
+
+
+def test_a_pod_the_server_refuses_fails_the_job_with_its_message(cluster: Cluster, operator: OperatorProcess) -> None:
+    # Valid for the TrainingJob schema (a label value of at most 63 characters), invalid for a pod.
+    cluster.create_job("refused", nodes=2, nodeSelector={"pool": "not a label value!"})
+    job = cluster.wait_job("refused", has_condition("Failed", reason="PodCreationFailed"), "PodCreationFailed")
+    assert "nodeSelector" in condition(job, "Failed")["message"]  # type: ignore[index]
+    assert job["status"]["phase"] == "Failed" and not condition(job, "Created")
+    assert "PodCreationFailed" in [e.reason for e in cluster.events("refused")]
