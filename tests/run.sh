@@ -16,6 +16,12 @@ step "python environment ($VENV)"
 "$VENV/bin/python" -m pip install -q -e ".[dev]" --config-settings editable_mode=strict
 export PATH="$VENV/bin:$PATH"
 
+if ! command -v shellcheck >/dev/null 2>&1; then
+  step "shellcheck (Debian package, for the e2e script's lint test)"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq shellcheck
+fi
+
 if [ -f tests/cluster/install.sh ]; then
   step "control plane binaries (cached under ${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain)"
   bash tests/cluster/install.sh
