@@ -1,0 +1,69 @@
+"""The operator in its default deployment mode (cluster-wide, the chart's ClusterRole) running
+as the chart's ServiceAccount with a real token: a whole job lifecycle, and not one refusal in
+its log. (tests/deploy/test_chart_cluster.py covers namespaced mode with the chart's Roles.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cluster.controlplane import ControlPlane, find_tool, wait_for
+from cluster.kubelet import FakeKubelet
+from operator_tools import Cluster, OperatorProcess, has_condition
+
+pytestmark = pytest.mark.cluster
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "kubetrain"
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+
+
+def test_cluster_mode_as_the_charts_service_account(
+    crds_installed: ControlPlane, cluster: Cluster, kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    cp = crds_installed
+    if find_tool("helm") is None:
+        pytest.skip("helm not installed (tests/cluster/install.sh)")
+    release_ns = cluster.namespace
+    rendered = cp.helm("template", "rbac", str(CHART), "--namespace", release_ns).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in RBAC_KINDS]
+    assert sorted(d["kind"] for d in docs) == sorted(RBAC_KINDS)
+    for doc in docs:
+        if doc["kind"] == "ClusterRole":
+            # Unique per test: the control plane outlives this test's namespace.
+            doc["metadata"]["name"] += "-" + release_ns
+        if doc["kind"] == "ClusterRoleBinding":
+            doc["metadata"]["name"] += "-" + release_ns
+            doc["roleRef"]["name"] += "-" + release_ns
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
+    token = cp.kubectl("create", "token", account, "-n", release_ns, "--duration=1h").stdout.strip()
+    config: dict[str, Any] = yaml.safe_load(cp.kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": token}
+    kubeconfig = tmp_path / "sa.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(config))
+
+    proc = OperatorProcess(kubeconfig, tmp_path / "operator.log", namespaces="", log_level="debug").start()
+    try:
+        cluster.create_job("rbac", nodes=2, runPolicy={"maxRestarts": 1, "ttlSecondsAfterFinished": 0})
+        for pod in cluster.wait_pods("rbac", 2, attempt=0):
+            kubelet.run(cluster.namespace, pod.metadata.name)
+        cluster.wait_job("rbac", has_condition("Running"), "Running")
+        kubelet.fail(cluster.namespace, "rbac-node-1", exit_code=1)
+        cluster.wait_job("rbac", lambda j: (j.get("status") or {}).get("restarts") == 1, "a gang restart")
+        for pod in cluster.wait_pods("rbac", 2, attempt=1):
+            kubelet.run(cluster.namespace, pod.metadata.name)
+        cluster.wait_job("rbac", has_condition("Running"), "Running again")
+        wait_for(lambda: "reading the log of" in proc.log(), 30, "a progress read of rank 0's log (pods/log)")
+        for rank in range(2):
+            kubelet.succeed(cluster.namespace, f"rbac-node-{rank}")
+        wait_for(lambda: cluster.job("rbac") is None, 30, "the TTL deleting the finished job")
+        assert [e.reason for e in cluster.events("rbac")][:1] == ["Created"]
+    finally:
+        proc.stop()
+    log = proc.log()
+    refused = [line for line in log.splitlines() if " 403" in line or "forbidden" in line.lower()]
+    assert not refused, "\n".join(refused)
+    assert "Traceback" not in log, log[-3000:]
