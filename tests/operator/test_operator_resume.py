@@ -1,0 +1,61 @@
+"""The whole loop on one machine: the operator's gang runs the real trainer (torchrun, gloo) on
+the process node; a pod deleted mid-training restarts the whole gang, which resumes from the
+checkpoint on the shared volume and succeeds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cluster.controlplane import ControlPlane, wait_for
+from cluster.processnode import ProcessNode
+from operator_tools import Cluster, OperatorProcess, free_port, has_condition
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def test_deleted_pod_restarts_the_gang_which_resumes_from_its_checkpoint(
+    crds_installed: ControlPlane, cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    ns = cluster.namespace
+    with ProcessNode(crds_installed.api_client, namespaces=[ns], workdir=tmp_path / "node") as node:
+        cluster.create_job(
+            "resume",
+            nodes=2,
+            masterPort=free_port(),  # every pod shares the node's loopback
+            training={
+                "dataset": "synthetic",
+                "syntheticSamples": 100_000,
+                "epochs": 1,
+                "maxSteps": 600,
+                "batchSize": 32,
+                "logEverySteps": 50,
+            },
+            checkpoint={
+                "dir": "/checkpoints",
+                "everySteps": 50,
+                "volume": {"persistentVolumeClaim": {"claimName": "ck"}},
+            },
+            runPolicy={"maxRestarts": 2},
+        )
+        metrics = node.workdir / "pvc" / ns / "ck" / "metrics.jsonl"
+
+        def records() -> list[dict[str, object]]:
+            text = metrics.read_text() if metrics.exists() else ""
+            return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+        wait_for(lambda: any(r["event"] == "checkpoint" for r in records()), 180, "a first checkpoint")
+        cluster.core.delete_namespaced_pod("resume-node-1", ns)
+
+        job = cluster.wait_job("resume", has_condition("Succeeded"), "Succeeded after the gang restart", 240)
+        status = job["status"]
+        assert status["restarts"] == 1 and status["attempt"] == 1
+        (failure,) = status["failures"]
+        assert (failure["rank"], failure["reason"]) == (1, "PodDeleted")
+        events = [r["event"] for r in records()]
+        resumed = [r for r in records() if r["event"] == "resume"]
+        assert len(resumed) == 1 and int(str(resumed[0]["step"])) >= 50, events
+        assert events[-1] == "done"
+        assert node.errors == []
