@@ -1,17 +1,20 @@
 """What kubetrain's trainer costs over hand-written PyTorch, measured on this machine.
 
-    .venv/bin/python benchmarks/trainer_overhead.py [--ranks 2] [--reps 5] [--steps 150]
+    .venv/bin/python benchmarks/trainer_overhead.py [--ranks 2] [--reps 5] [--steps 50] [--rounds 10]
 
 Starts `--ranks` processes on 127.0.0.1 with the operator's env contract (gloo, one thread
-each) and measures, interleaving the arms within each repetition so that drift of a shared
-machine hits both alike:
+each). The machine is small and shared, so every comparison is between arms run back to
+back, and an unrecorded warm-up round comes first:
 
 1. loop overhead: kubetrain's `train()` against a minimal hand-written DDP loop over the same
-   model, data, DataLoader, optimizer and schedule. Reported as a throughput ratio
-   (hand time / kubetrain time) over the steady-state steps, and end to end (kubetrain's
-   end to end also holds its epoch-end eval and final checkpoint, the hand loop neither).
+   model, data, DataLoader, optimizer and schedule, the two alternating run by run. The
+   throughput ratio (hand step time / kubetrain step time) compares the 10-step windows
+   kubetrain's own step records time with the same windows of the hand loop; the
+   end-to-end ratio also charges kubetrain its epoch-end eval and final checkpoint.
 2. DDP cost: DDP against a no-communication control (each rank trains its own copy), with
-   gradient sync every step and with 4-step `no_sync` accumulation.
+   gradient sync every step and with 4-step `no_sync` accumulation, at a small and a 4x
+   larger per-rank batch; the arms alternate in short blocks and each ratio is taken
+   between adjacent blocks.
 3. checkpoint: one collective `Checkpointer.save` of model + AdamW against one step.
 
 Results go to benchmarks/results/trainer_overhead.json with the machine described.
@@ -72,7 +75,7 @@ def _max_over_ranks(value: float) -> float:
     return float(t.item())
 
 
-def _kubetrain_run(ctx: Any, directory: str, steps: int) -> dict[str, float]:
+def _kubetrain_run(ctx: Any, directory: str, steps: int) -> dict[str, Any]:
     import torch.distributed as dist
 
     from kubetrain.trainer.metrics import METRICS_FILE
@@ -83,13 +86,12 @@ def _kubetrain_run(ctx: Any, directory: str, steps: int) -> dict[str, float]:
     start = time.perf_counter()
     train(config, ctx)
     total = _max_over_ranks(time.perf_counter() - start)
-    steady = 0.0
+    windows: list[float] = []
     if ctx.rank == 0:
         recs = [json.loads(line) for line in (Path(directory) / METRICS_FILE).read_text().splitlines()]
-        step_recs = [r for r in recs if r["event"] == "step"]
-        first, last = step_recs[0], step_recs[-1]
-        steady = (last["time"] - first["time"]) / (last["step"] - first["step"])
-    return {"total_s": total, "steady_step_s": steady}
+        # Every 10-step window after the first (which holds the first iterator's start-up).
+        windows = [r["step_time_s"] for r in recs if r["event"] == "step"][1:]
+    return {"total_s": total, "window_step_s": windows}
 
 
 def _hand_run(ctx: Any, steps: int) -> dict[str, float]:
@@ -113,21 +115,37 @@ def _hand_run(ctx: Any, steps: int) -> dict[str, float]:
     optimizer = build_optimizer(spec, model.parameters())
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_schedule(steps))
     batches = loader.epoch(0)
-    marks = {}
+    windows = []
+    mark = time.perf_counter()
     for step in range(1, steps + 1):
         x, y = next(batches)
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        if step in (10, steps):
-            marks[step] = time.perf_counter()
+        if step % 10 == 0:  # the same 10-step windows kubetrain's records time
+            now = time.perf_counter()
+            if step > 10:
+                windows.append((now - mark) / 10)
+            mark = now
     total = _max_over_ranks(time.perf_counter() - start)
-    return {"total_s": total, "steady_step_s": (marks[steps] - marks[10]) / (steps - 10)}
+    return {"total_s": total, "window_step_s": windows}
 
 
-def _comm_run(ctx: Any, *, ddp: bool, accum: int, micro_batches: int) -> float:
-    """Seconds for `micro_batches` forward/backward passes, DDP or no communication at all."""
+# Per-rank batch sizes of the DDP-cost arms: the first matches the loop comparison (a small,
+# communication-heavy step), the second is a compute-heavier step of the same model.
+COMM_BATCHES = (BATCH, 4 * BATCH)
+
+
+def _comm_rounds(ctx: Any, *, rounds: int, block: int) -> dict[str, list[float]]:
+    """Seconds per timed block for eight arms, alternated block by block.
+
+    Arms: DDP or no communication at all (each rank trains its own copy), syncing every
+    step or accumulating 4 micro-steps under no_sync, at each batch size of COMM_BATCHES.
+    A block is `block` micro-batches at the small batch and proportionally fewer at the
+    larger one (about the same seconds). Adjacent blocks see the same machine load, so
+    their ratio is the stable quantity on a shared machine.
+    """
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -135,22 +153,37 @@ def _comm_run(ctx: Any, *, ddp: bool, accum: int, micro_batches: int) -> float:
     from kubetrain.trainer.model import MLP
     from kubetrain.trainer.train import accumulate_gradients
 
-    torch.manual_seed(0)
-    module = MLP(FEATURES, HIDDEN, 10)
-    model = DDP(module, gradient_as_bucket_view=True) if ddp else module
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(ctx.rank)
-    data = [
-        (torch.randn(BATCH, FEATURES, generator=gen), torch.randint(0, 10, (BATCH,), generator=gen)) for _ in range(8)
-    ]
-    batches = (data[i % len(data)] for i in range(micro_batches))
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(micro_batches // accum):
-        accumulate_gradients(model, batches, accum)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return _max_over_ranks(time.perf_counter() - start)
+    arms = {}
+    for batch in COMM_BATCHES:
+        data = [
+            (torch.randn(batch, FEATURES, generator=gen), torch.randint(0, 10, (batch,), generator=gen))
+            for _ in range(4)
+        ]
+        micro = max(4, block * BATCH // batch // 4 * 4)
+        for accum in (4, 1):
+            for ddp in (True, False):
+                torch.manual_seed(0)
+                module = MLP(FEATURES, HIDDEN, 10)
+                model = DDP(module, gradient_as_bucket_view=True) if ddp else module
+                name = f"{'ddp' if ddp else 'control'}_accum{accum}_batch{batch}"
+                arms[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3), accum, data, micro)
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    names = list(arms)
+    for round_ in range(rounds + 1):  # round 0 warms every arm up and is not recorded
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            model, optimizer, accum, data, micro = arms[name]
+            batches = (data[i % len(data)] for i in range(micro))
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(micro // accum):
+                accumulate_gradients(model, batches, accum)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            elapsed = _max_over_ranks(time.perf_counter() - start)
+            if round_ > 0:
+                times[name].append(elapsed)
+    return times
 
 
 def _checkpoint_run(ctx: Any, directory: str) -> float:
@@ -187,15 +220,13 @@ def worker(args: argparse.Namespace) -> None:
     configure_logging(ctx.rank)
     # The trainer's rank-0 records would go to stdout: this worker reports through --out only.
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
-    results: dict[str, Any] = {"loop": [], "comm": [], "checkpoint": {}}
+    results: dict[str, Any] = {"loop": [], "comm": {}, "checkpoint": {}}
     try:
         base = Path(args.scratch)
         # One unrecorded round first: the first call of each path pays one-time costs
         # (lazy imports, first DDP construction, first torch.save) of several seconds.
         _kubetrain_run(ctx, str(base / "warmup"), 20)
         _hand_run(ctx, 20)
-        for ddp, accum in ((True, 4), (False, 4), (True, 1), (False, 1)):
-            _comm_run(ctx, ddp=ddp, accum=accum, micro_batches=8)
         for rep in range(args.reps):
             pair: dict[str, Any] = {}
             for arm in ("kubetrain", "hand") if rep % 2 == 0 else ("hand", "kubetrain"):
@@ -204,13 +235,7 @@ def worker(args: argparse.Namespace) -> None:
                 else:
                     pair[arm] = _hand_run(ctx, args.steps)
             results["loop"].append(pair)
-            runs = {}
-            arms = [(ddp, accum) for accum in (4, 1) for ddp in (True, False)]
-            for ddp, accum in arms if rep % 2 == 0 else arms[::-1]:
-                runs[f"{'ddp' if ddp else 'control'}_accum{accum}"] = _comm_run(
-                    ctx, ddp=ddp, accum=accum, micro_batches=args.micro_batches
-                )
-            results["comm"].append(runs)
+        results["comm"] = _comm_rounds(ctx, rounds=args.rounds, block=args.block)
         results["checkpoint"]["save_s"] = _checkpoint_run(ctx, str(base / "ckpt"))
         if ctx.rank == 0:
             path = complete_checkpoints(base / "ckpt")[-1][1]
@@ -246,43 +271,61 @@ def _machine() -> dict[str, Any]:
     }
 
 
+def _ratios(num: list[float], den: list[float]) -> list[float]:
+    return [a / b for a, b in zip(num, den, strict=True)]
+
+
 def _summary(raw: dict[str, Any], args: argparse.Namespace, wall: float, load: tuple[float, ...]) -> dict[str, Any]:
+    med = statistics.median
     loop = raw["loop"]
-    steady = [p["hand"]["steady_step_s"] / p["kubetrain"]["steady_step_s"] for p in loop]
+    # Per repetition: median 10-step window of the hand loop over kubetrain's (throughput ratio).
+    steady = [med(p["hand"]["window_step_s"]) / med(p["kubetrain"]["window_step_s"]) for p in loop]
     end_to_end = [p["hand"]["total_s"] / p["kubetrain"]["total_s"] for p in loop]
+    kt_windows = [w for p in loop for w in p["kubetrain"]["window_step_s"]]
+    hand_windows = [w for p in loop for w in p["hand"]["window_step_s"]]
     comm = raw["comm"]
-    ddp_every = [r["control_accum1"] / r["ddp_accum1"] for r in comm]
-    ddp_nosync = [r["control_accum4"] / r["ddp_accum4"] for r in comm]
-    step_s = statistics.median(p["kubetrain"]["steady_step_s"] for p in loop)
+    ddp_cost: dict[str, Any] = {
+        "what": "throughput of DDP over a no-communication control (control time / DDP time), adjacent blocks",
+        "target_no_sync_accum4": 0.95,
+    }
+    for batch in COMM_BATCHES:
+        for accum, label in ((1, "sync_every_step"), (4, "no_sync_accum4")):
+            ratios = _ratios(comm[f"control_accum{accum}_batch{batch}"], comm[f"ddp_accum{accum}_batch{batch}"])
+            ddp_cost[f"batch{batch}_{label}_median"] = round(med(ratios), 4)
+            ddp_cost[f"batch{batch}_{label}_per_round"] = [round(r, 4) for r in ratios]
+    step_s = med(kt_windows)
     save_s = raw["checkpoint"]["save_s"]
     model_params = FEATURES * HIDDEN + HIDDEN + HIDDEN * HIDDEN + HIDDEN + HIDDEN * 10 + 10
+
+    def r4(values: list[float]) -> list[float]:
+        return [round(v, 4) for v in values]
+
     return {
         "benchmark": "trainer_overhead",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {**_machine(), "load_average_before": load, "load_average_after": os.getloadavg()},
         "setup": {
             "ranks": args.ranks,
-            "reps": args.reps,
-            "steps_per_run": args.steps,
-            "micro_batches_per_comm_run": args.micro_batches,
-            "model": f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-10 ({model_params} params)",
+            "loop_reps": args.reps,
+            "steps_per_loop_run": args.steps,
+            "comm_rounds": args.rounds,
+            "micro_batches_per_comm_block": args.block,
+            "comm_batches_per_rank": list(COMM_BATCHES),
+            "model": f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-10 ({model_params} params, AdamW)",
             "batch_per_rank": BATCH,
             "wall_s": round(wall, 1),
         },
         "loop_vs_hand": {
-            "throughput_ratio_steady_median": round(statistics.median(steady), 4),
-            "throughput_ratio_steady_all": [round(r, 4) for r in steady],
-            "throughput_ratio_end_to_end_median": round(statistics.median(end_to_end), 4),
-            "throughput_ratio_end_to_end_all": [round(r, 4) for r in end_to_end],
+            "what": "throughput of kubetrain's train() over a hand-written DDP loop (hand step time / kubetrain's)",
+            "steady_ratio_median_of_reps": round(med(steady), 4),
+            "steady_ratio_per_rep": r4(steady),
+            "steady_ratio_of_fastest_windows": round(min(hand_windows) / min(kt_windows), 4),
+            "end_to_end_ratio_median_of_reps": round(med(end_to_end), 4),
+            "end_to_end_ratio_per_rep": r4(end_to_end),
+            "end_to_end_note": "kubetrain's end to end includes its epoch-end eval and a final checkpoint",
             "target": 0.98,
         },
-        "ddp_vs_no_communication": {
-            "sync_every_step_median": round(statistics.median(ddp_every), 4),
-            "no_sync_accum4_median": round(statistics.median(ddp_nosync), 4),
-            "sync_every_step_all": [round(r, 4) for r in ddp_every],
-            "no_sync_accum4_all": [round(r, 4) for r in ddp_nosync],
-            "target_no_sync_accum4": 0.95,
-        },
+        "ddp_vs_no_communication": ddp_cost,
         "checkpoint": {
             "save_ms_median": round(save_s * 1000, 2),
             "step_ms_median": round(step_s * 1000, 2),
@@ -316,7 +359,8 @@ def launch(args: argparse.Namespace) -> None:
                 )
             )
             cmd = [sys.executable, __file__, "--worker", "--out", str(out), "--scratch", scratch]
-            cmd += ["--reps", str(args.reps), "--steps", str(args.steps), "--micro-batches", str(args.micro_batches)]
+            cmd += ["--reps", str(args.reps), "--steps", str(args.steps)]
+            cmd += ["--rounds", str(args.rounds), "--block", str(args.block)]
             procs.append(subprocess.Popen(cmd, env=env))
         codes = [proc.wait() for proc in procs]
         if any(codes):
@@ -330,9 +374,10 @@ def launch(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--micro-batches", type=int, default=160)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=10, help="alternations of the DDP/control arms")
+    parser.add_argument("--block", type=int, default=24, help="micro-batches per timed block at the small batch")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
