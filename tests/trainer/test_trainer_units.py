@@ -83,6 +83,12 @@ def test_connect_retry_names_host_port_and_seconds() -> None:
     assert f"127.0.0.1:{port}" in str(info.value) and "within 0." in str(info.value)
 
 
+def test_connect_retry_covers_a_master_name_that_does_not_resolve_yet() -> None:
+    # A headless Service's record appears only once the master pod is ready.
+    with pytest.raises(MasterUnreachableError, match=r"master job-0\.not-yet\.invalid:29500 did not accept"):
+        wait_for_master("job-0.not-yet.invalid", 29500, 0.3, interval_s=0.1)
+
+
 def test_connect_retry_returns_once_master_listens() -> None:
     import socket
 
