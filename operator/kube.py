@@ -5,27 +5,29 @@ gone) and carries a uid precondition (a same-named successor is never hit), and 
 is replaced with the resourceVersion it was computed from, so a decision made on a stale
 view fails with `Conflict` instead of overwriting newer truth.
 
-The kubernetes client is synchronous; calls run in a thread pool so that one slow call
-never blocks kopf's event loop.
+Requests go through aiohttp on kopf's event loop (see `Kube`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
+import ssl
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
 from kubernetes import client, config
 
 from . import naming
 from .metrics import API_WRITES
 
 COMPONENT = "kubetrain-operator"
+log = logging.getLogger("kubetrain.operator")
 
 
 class ApiError(Exception):
@@ -47,15 +49,18 @@ class Invalid(Exception):
     """The API server refused an object for good: invalid (422) or denied by admission (403)."""
 
 
-def load_api_client(workers: int) -> Any:
-    """An ApiClient for the in-cluster ServiceAccount, else the current kubeconfig."""
+def load_configuration() -> Any:
+    """The in-cluster ServiceAccount's credentials, else the current kubeconfig's."""
     configuration = client.Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    configuration.connection_pool_maxsize = workers
-    return client.ApiClient(configuration)
+    return configuration
+
+
+def _transient_refusal(message: str) -> bool:
+    return "exceeded quota" in message or "being terminated" in message
 
 
 def _core(namespace: str, plural: str, name: str = "") -> str:
@@ -68,35 +73,73 @@ def _job_path(namespace: str, name: str, subresource: str = "") -> str:
 
 
 class Kube:
-    def __init__(self, api_client: Any, workers: int = 16) -> None:
-        self.api = api_client
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
-        self.instance = socket.gethostname()
+    """Requests on kopf's event loop through aiohttp (which kopf already uses for watching).
 
-    def _request_sync(
-        self, method: str, path: str, body: Any = None, query: list[tuple[str, Any]] | None = None
-    ) -> bytes:
-        # The client's generated methods validate every argument with pydantic and
-        # deserialize responses into models: several ms of CPU per call, which dominated
-        # creating 50 gangs at once. The operator's bodies are plain dicts it rendered
-        # itself, so it uses the client's transport (auth, TLS, connection pool) directly.
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        method, url, headers, body, _ = self.api.param_serialize(
-            method, path, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
-        )
-        response = self.api.call_api(method, url, headers, body)
-        data: bytes = response.read()
-        if response.status >= 400:
-            raise ApiError(response.status, data)
-        return data
+    The kubernetes client only loads the credentials. Its generated methods validate every
+    argument with pydantic, deserialize responses into models and block a thread per call;
+    with 50 new jobs at once that overhead, not the API server, set the time to pods. The
+    operator's bodies are plain dicts it rendered itself, so plain JSON over one connection
+    pool is all it needs.
+    """
+
+    def __init__(self, configuration: Any, connections: int = 32) -> None:
+        self.configuration = configuration
+        self.connections = connections
+        self.instance = socket.gethostname()
+        self._session: aiohttp.ClientSession | None = None
+        # Status writes, events and log reads take at most a few connections: in a burst of
+        # new jobs they would otherwise queue between the pod creations users wait for.
+        self._side = asyncio.Semaphore(max(2, connections // 8))
+
+    def _ssl(self) -> ssl.SSLContext:
+        c = self.configuration
+        context = ssl.create_default_context(cafile=c.ssl_ca_cert)
+        if not c.verify_ssl:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if c.cert_file:
+            context.load_cert_chain(c.cert_file, c.key_file)
+        return context
+
+    def _session_now(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self.connections, ssl=self._ssl())
+            self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
     async def _request(
-        self, method: str, path: str, body: Any = None, query: list[tuple[str, Any]] | None = None
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, str] | None = None,
+        *,
+        side: bool = False,
     ) -> bytes:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, lambda: self._request_sync(method, path, body, query))
+        headers = {"Accept": "application/json"}
+        # Calls the client's refresh hook: in a pod the ServiceAccount token rotates.
+        token = self.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
+        if token:
+            headers["Authorization"] = token
+        data = None
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            data = json.dumps(body)
+        session = self._session_now()
+        url = self.configuration.host + path
+        if side:
+            async with self._side, session.request(method, url, params=query, data=data, headers=headers) as response:
+                payload = await response.read()
+        else:
+            async with session.request(method, url, params=query, data=data, headers=headers) as response:
+                payload = await response.read()
+        if response.status >= 400:
+            raise ApiError(response.status, payload)
+        return payload
 
     # --- children -----------------------------------------------------------------------
     async def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -110,9 +153,9 @@ class Kube:
             if exc.status == 409:
                 return None
             # 422: invalid; 403: refused by admission (Pod Security, a policy webhook). Both
-            # refuse the same pod again. An exhausted quota is also a 403 but may clear, so
-            # it is retried with backoff like any other error.
-            if exc.status == 422 or (exc.status == 403 and "exceeded quota" not in exc.message):
+            # refuse the same pod again. An exhausted quota or a namespace being deleted are
+            # 403s too, but pass: they are retried with backoff like any other error.
+            if exc.status == 422 or (exc.status == 403 and not _transient_refusal(exc.message)):
                 raise Invalid(exc.message) from exc
             raise
         return created
@@ -155,7 +198,7 @@ class Kube:
         API_WRITES.labels("update", "trainingjobs/status").inc()
         try:
             written: dict[str, Any] = json.loads(
-                await self._request("PUT", _job_path(meta["namespace"], meta["name"], "status"), document)
+                await self._request("PUT", _job_path(meta["namespace"], meta["name"], "status"), document, side=True)
             )
         except ApiError as exc:
             if exc.status == 404:
@@ -201,9 +244,13 @@ class Kube:
             "count": 1,
         }
         API_WRITES.labels("create", "events").inc()
-        await self._request("POST", _core(meta["namespace"], "events"), event)
+        try:
+            await self._request("POST", _core(meta["namespace"], "events"), event, side=True)
+        except (ApiError, aiohttp.ClientError) as exc:
+            # Events are for humans; the status already holds the transition.
+            log.warning("event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], exc)
 
     async def read_log(self, namespace: str, pod: str, tail_lines: int) -> str:
-        query = [("container", naming.CONTAINER_NAME), ("tailLines", tail_lines)]
-        data = await self._request("GET", _core(namespace, "pods", pod) + "/log", query=query)
+        query = {"container": naming.CONTAINER_NAME, "tailLines": str(tail_lines)}
+        data = await self._request("GET", _core(namespace, "pods", pod) + "/log", query=query, side=True)
         return data.decode("utf-8", errors="replace")

@@ -13,7 +13,7 @@ def run_operator(settings: OperatorSettings, log_level: str = "info") -> int:
     from prometheus_client import start_http_server
 
     from . import handlers
-    from .kube import Kube, load_api_client
+    from .kube import Kube, load_configuration
 
     level = getattr(logging, log_level.upper(), logging.INFO)
     kopf.configure(
@@ -23,9 +23,12 @@ def run_operator(settings: OperatorSettings, log_level: str = "info") -> int:
         log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.PLAIN,
     )
     logging.getLogger().setLevel(level)
+    # kopf reports every handler call ("Handler 'pod_event' succeeded.") at INFO: one line
+    # per watch event. The operator logs its own transitions; kopf's go to DEBUG only.
+    logging.getLogger("kopf.objects").setLevel(max(level, logging.WARNING) if level > logging.DEBUG else level)
     # The kubernetes client logs every request at DEBUG; kopf's own debug output is enough.
     logging.getLogger("urllib3").setLevel(max(level, logging.INFO))
-    handlers.setup(settings, Kube(load_api_client(settings.api_workers), settings.api_workers))
+    handlers.setup(settings, Kube(load_configuration(), settings.api_connections))
     if settings.metrics_port:
         start_http_server(settings.metrics_port)
     asyncio.run(

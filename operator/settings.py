@@ -20,7 +20,7 @@ class OperatorSettings:
     progress_tail_lines: int = 200
     metrics_port: int = 8000  # 0 disables the Prometheus endpoint
     health_port: int = 8080  # 0 disables kopf's liveness endpoint (/healthz)
-    api_workers: int = 32  # threads making API calls; also the HTTP connection pool size
+    api_connections: int = 32  # concurrent HTTP connections to the API server
     log_format: str = "json"
 
     @property
