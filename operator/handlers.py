@@ -37,6 +37,8 @@ from .status import Decision, PodView, StaleView, decide, derive_phase, parse_ti
 
 log = logging.getLogger("kubetrain.operator")
 Key = tuple[str, str]  # (namespace, job name)
+# How long a pod this operator created counts as observed before its watch event arrives.
+OVERLAY_SECONDS = 60.0
 LogSource = Callable[[str, str], Awaitable[str]]
 
 
@@ -121,7 +123,7 @@ class Operator:
     pods_index: Any = None
     services_index: Any = None
     # Writes whose watch events may not have arrived yet.
-    created_pods: dict[Key, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    created_pods: dict[Key, dict[str, tuple[float, dict[str, Any]]]] = field(default_factory=dict)
     created_services: set[Key] = field(default_factory=set)
     deleting: set[str] = field(default_factory=set)
     progress_read: dict[Key, float] = field(default_factory=dict)
@@ -150,9 +152,15 @@ class Operator:
     def observed_pods(self, key: Key) -> list[dict[str, Any]]:
         indexed = {p["metadata"]["uid"]: p for p in (self.pods_index.get(key, []) if self.pods_index else [])}
         fresh = self.created_pods.get(key, {})
-        for uid in [uid for uid in fresh if uid in indexed]:
-            del fresh[uid]  # the watch caught up
-        return [*indexed.values(), *fresh.values()]
+        horizon = time.monotonic() - OVERLAY_SECONDS
+        for uid in [uid for uid, (at, _) in fresh.items() if uid in indexed or at < horizon]:
+            # The watch caught up; or it never will (the pod was gone before it was listed).
+            del fresh[uid]
+        return [*indexed.values(), *(pod for _, pod in fresh.values())]
+
+    def pod_gone(self, key: Key, uid: str) -> None:
+        self.deleting.discard(uid)
+        self.created_pods.get(key, {}).pop(uid, None)
 
     def service_exists(self, key: Key) -> bool:
         return key in self.created_services or bool(self.services_index and self.services_index.get(key))
@@ -291,7 +299,7 @@ class Operator:
             if obj["kind"] == "Service":
                 self.created_services.add(key)
             elif created is not None:
-                self.created_pods.setdefault(key, {})[created["metadata"]["uid"]] = created
+                self.created_pods.setdefault(key, {})[created["metadata"]["uid"]] = (time.monotonic(), created)
 
     # --- progress -----------------------------------------------------------------------
     async def _progress(self, key: Key, job: TrainingJob, decision: Decision, pods: list[PodView]) -> None:
@@ -402,9 +410,9 @@ async def pod_event(
     type: str, body: kopf.Body, namespace: str | None, labels: Mapping[str, str], **kwargs: Any
 ) -> None:
     operator = _with_indices(kwargs)
-    if type == "DELETED":
-        operator.deleting.discard(body.metadata.uid or "")
     key = (namespace or "", labels[naming.LABEL_JOB])
+    if type == "DELETED":
+        operator.pod_gone(key, body.metadata.uid or "")
     if key in operator.jobs:
         operator.queue.add(key)
 
