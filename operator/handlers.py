@@ -241,6 +241,8 @@ class Operator:
             failed.phase = derive_phase(failed)
             await self._write_status(key, body, failed.wire())
             await self.kube.post_event(body, "Warning", "PodCreationFailed", message)
+            log.warning("%s/%s PodCreationFailed: %s", namespace, name, message)
+            metrics.FINISHED.labels("PodCreationFailed").inc()
             return
         if changed:
             await self._write_status(key, body, new_status)
