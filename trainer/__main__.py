@@ -56,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 metrics.close()
         if args.command == "train":
             train(config, ctx)
+        kdist.finish(ctx)
         return 0
     except (kdist.ContractError, CheckpointError, PreflightError) as exc:
         log.error("%s", exc)

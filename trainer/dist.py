@@ -261,15 +261,30 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
+def finish(ctx: DistContext) -> None:
+    """Successful end: every rank meets (after rank 0's last I/O), then tears down.
+
+    Without the meeting a rank that finished first exits while its peers still use the
+    connections, and gloo's threads can abort that process at interpreter exit. Only on
+    success: after a failure some rank may never arrive, so failure paths call `teardown`.
+    """
+    if dist.is_available() and dist.is_initialized():
+        barrier(ctx)
+    teardown()
+
+
 @contextlib.contextmanager
 def distributed(
     backend: str = "auto", *, timeout_s: float = 1800, connect_timeout_s: float = 300
 ) -> Iterator[DistContext]:
-    """`with distributed() as ctx:` — set up, and always tear down."""
+    """`with distributed() as ctx:` — set up; on leaving, all ranks meet and tear down (or just tear down on error)."""
+    ctx = setup(backend, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
     try:
-        yield setup(backend, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
-    finally:
+        yield ctx
+    except BaseException:
         teardown()
+        raise
+    finish(ctx)
 
 
 def barrier(ctx: DistContext) -> None:

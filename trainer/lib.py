@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .checkpoint import Checkpointer, CheckpointError, latest_checkpoint
 from .config import CONFIG_ENV, TrainConfig
 from .data import ShardedLoader, eval_loader, sharded_loader
-from .dist import ContractError, DistContext, barrier, distributed, setup, teardown
+from .dist import ContractError, DistContext, barrier, distributed, finish, setup, teardown
 from .metrics import MetricsLogger, configure_logging
 from .train import accumulate_gradients, evaluate
 
@@ -45,6 +45,7 @@ __all__ = [
     "distributed",
     "eval_loader",
     "evaluate",
+    "finish",
     "latest_checkpoint",
     "log0",
     "setup",
