@@ -194,12 +194,17 @@ class Operator:
         now = datetime.now(UTC).replace(microsecond=0)
         try:
             decision = decide(job, uid, pods, self.service_exists(key), now, self.settings.policy)
-        except StaleView:
+        except StaleView as stale:
             fresh = await self.kube.get_job(namespace, name)
             if fresh is None:
                 self.forget_job(key)
                 return None
             self.jobs[key] = fresh
+            if _rv(fresh) == _rv(body):
+                # Not a lagging cache: the stored status itself is behind its pods (restored
+                # from a backup, edited by hand). Never spin; say so and look again later.
+                log.warning("%s/%s: %s; waiting for the status or the pods to change", namespace, name, stale)
+                return 30.0
             return 0
         await self._progress(key, job, decision, pods)
         try:
