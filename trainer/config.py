@@ -122,7 +122,10 @@ class CheckpointConfig(StrictModel):
         None, ge=1, le=1_000_000_000, description="Save every N optimizer steps (in addition to each epoch end)."
     )
     every_seconds: int | None = Field(
-        None, ge=1, le=31_536_000, description="Save when this many seconds passed since the last save."
+        None,
+        ge=1,
+        le=31_536_000,
+        description="Save once this many seconds passed since the last save (checked on log steps).",
     )
     keep: int = Field(3, ge=1, le=1000, description="Keep the newest N complete checkpoints; older ones are pruned.")
 
