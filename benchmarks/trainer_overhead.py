@@ -216,12 +216,13 @@ def worker(args: argparse.Namespace) -> None:
     from kubetrain.trainer.metrics import configure_logging
 
     torch.set_num_threads(1)
-    ctx = kdist.setup("gloo", timeout_s=600, connect_timeout_s=60)
-    configure_logging(ctx.rank)
-    # The trainer's rank-0 records would go to stdout: this worker reports through --out only.
-    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
-    results: dict[str, Any] = {"loop": [], "comm": {}, "checkpoint": {}}
-    try:
+    # On success the ranks meet before tearing down: a rank that exits while its peers still
+    # hold gloo connections can abort at interpreter exit.
+    with kdist.distributed("gloo", timeout_s=600, connect_timeout_s=60) as ctx:
+        configure_logging(ctx.rank)
+        # The trainer's rank-0 records would go to stdout: this worker reports through --out only.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+        results: dict[str, Any] = {"loop": [], "comm": {}, "checkpoint": {}}
         base = Path(args.scratch)
         # One unrecorded round first: the first call of each path pays one-time costs
         # (lazy imports, first DDP construction, first torch.save) of several seconds.
@@ -241,8 +242,6 @@ def worker(args: argparse.Namespace) -> None:
             path = complete_checkpoints(base / "ckpt")[-1][1]
             results["checkpoint"]["bytes"] = sum(f.stat().st_size for f in path.iterdir())
             Path(args.out).write_text(json.dumps(results))
-    finally:
-        kdist.teardown()
 
 
 def _machine() -> dict[str, Any]:

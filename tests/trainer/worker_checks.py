@@ -1,7 +1,7 @@
 """One rank of the shard and accumulation checks; rank 0 prints one JSON result line.
 
 Run once per rank with the env contract (see conftest.Launcher). Uses the trainer's own
-pieces: dist.setup, data.sharded_loader on the digits training split, accumulate_gradients.
+pieces: dist.distributed, data.sharded_loader on the digits training split, accumulate_gradients.
 """
 
 import json
@@ -64,16 +64,15 @@ def accumulation_check(rank: int, k: int = 4, batch: int = 8) -> dict[str, Any]:
 
 def main() -> None:
     torch.set_num_threads(1)
-    ctx = kdist.setup("gloo", timeout_s=60, connect_timeout_s=60)
-    try:
+    # On success the ranks meet before tearing down (as the trainer does): a rank that exits
+    # while its peers still hold gloo connections can abort at interpreter exit.
+    with kdist.distributed("gloo", timeout_s=60, connect_timeout_s=60) as ctx:
         result = {"shards": shard_check(ctx.rank, ctx.world_size), "accumulation": accumulation_check(ctx.rank)}
         diffs: list[Any] = [None] * ctx.world_size
         dist.all_gather_object(diffs, result["accumulation"])
         result["accumulation"] = diffs
         if ctx.rank == 0:
             print(json.dumps(result))
-    finally:
-        kdist.teardown()
 
 
 if __name__ == "__main__":
