@@ -7,6 +7,7 @@ machine is small and shared.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -45,7 +46,7 @@ def base_env() -> dict[str, str]:
 
 @dataclass
 class Gang:
-    """The processes of one launch, killed (by PID) if a test leaves them running."""
+    """The processes of one launch, killed (by process group) if a test leaves them running."""
 
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
 
@@ -64,9 +65,11 @@ class Gang:
         return results
 
     def kill(self) -> None:
+        # Each launch is its own process group (start_new_session): killing the group also
+        # ends the workers of a torchrun, which killing torchrun's PID alone would orphan.
         for proc in self.procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def records(stdout: str) -> list[dict[str, Any]]:
@@ -101,7 +104,13 @@ class Launcher:
             env.update((env_override or {}).get(rank, {}))
             gang.procs.append(
                 subprocess.Popen(
-                    [PYTHON, *args], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                    [PYTHON, *args],
+                    env=env,
+                    cwd=cwd,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
                 )
             )
         self.gangs.append(gang)
@@ -119,7 +128,13 @@ class Launcher:
         if config is not None:
             env[CONFIG_ENV] = config.to_env_value()
         proc = subprocess.Popen(
-            [TORCHRUN, *args], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [TORCHRUN, *args],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
         gang = Gang([proc])
         self.gangs.append(gang)
@@ -129,8 +144,7 @@ class Launcher:
         for gang in self.gangs:
             gang.kill()
             for proc in gang.procs:
-                if proc.poll() is None:
-                    proc.wait(10)
+                proc.wait(10)
 
 
 @pytest.fixture
