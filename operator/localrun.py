@@ -312,10 +312,11 @@ class Supervisor:
                 )
                 if decision.action == "wait":
                     continue
-                if decision.action != "succeed":
-                    if decision.reason == gang.REASON_DEADLINE:
-                        self.view.notice(f"activeDeadlineSeconds ({deadline_s}) reached: stopping all nodes")
-                    self._stop(nodes)
+                if decision.reason == gang.REASON_DEADLINE:
+                    self.view.notice(f"activeDeadlineSeconds ({deadline_s}) reached: stopping all nodes")
+                # Also after success: whatever a node left running in its group goes, as with a
+                # finished pod, and its orphans re-parented to this subreaper are reaped.
+                self._stop(nodes)
                 return decision
         except BaseException:
             self._stop(nodes)

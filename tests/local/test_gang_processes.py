@@ -13,6 +13,13 @@ import psutil
 from localrun_helpers import alive, fake_job, start_run, summary, wait_for, write_job
 
 
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def run(job_file: Path, run_dir: Path) -> subprocess.CompletedProcess[str]:
     proc = start_run(job_file, run_dir)
     out, _ = proc.communicate(timeout=120)
@@ -60,7 +67,7 @@ def test_active_deadline_stops_every_node(tmp_path: Path) -> None:
     assert proc.returncode == 1, out
     assert summary(tmp_path / "run")["reason"] == "DeadlineExceeded"
     pids = json.loads((tmp_path / "run" / "pids.json").read_text())["pids"]
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids)
+    assert not [pid for pid in pids if running(pid)]
 
 
 def test_sigint_stops_whole_node_trees(tmp_path: Path) -> None:
@@ -87,3 +94,21 @@ def test_sigint_stops_whole_node_trees(tmp_path: Path) -> None:
     assert proc.returncode == 128 + signal.SIGINT, out
     assert not [pid for pid, created in seen if alive(pid, created)]
     assert summary(tmp_path / "run")["outcome"] == "Interrupted"
+
+
+def test_a_successful_run_leaves_no_process_behind(tmp_path: Path) -> None:
+    # Each node leaves a background child running and exits 0 (a pod's container would take
+    # such a child with it when the pod finishes).
+    script = textwrap.dedent(
+        f"""
+        import subprocess, sys
+        child = subprocess.Popen([{sys.executable!r}, '-c', 'import time; time.sleep(120)'])
+        print('child', child.pid, flush=True)
+        """
+    )
+    done = run(write_job(tmp_path, fake_job(script)), tmp_path / "run")
+    assert done.returncode == 0, done.stdout
+    children = [int(line.split()[-1]) for line in done.stdout.splitlines() if "] child " in line]
+    assert len(children) == 2, done.stdout
+    assert not [pid for pid in children if running(pid)]
+
