@@ -10,6 +10,7 @@ else in the pod (image, resources, volumes, scheduling) has no local meaning and
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -255,6 +256,23 @@ def default_run_dir(job: TrainingJob, now: str) -> Path:
     return Path("runs") / f"{job.name}-{now}"
 
 
+def claim_run_dir(default: Path) -> Path:
+    """`default`, or else `default-2`, `-3`, ...: the first one this call creates.
+
+    The default name has one-second resolution; two runs of a job started in the same second
+    must not share a directory, or the second would resume the first's checkpoints.
+    """
+    default.parent.mkdir(parents=True, exist_ok=True)
+    for number in itertools.count(1):
+        candidate = default if number == 1 else default.with_name(f"{default.name}-{number}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise AssertionError("unreachable")
+
+
 def make_plan(
     path: str | Path,
     *,
@@ -368,6 +386,8 @@ def run_local(
                 netns=[ns.name for ns in namespaces],
                 socket_ifname=netns_mod.NODE_IFNAME,
             )
+        if run_dir is None:
+            plan = replace(plan, run_dir=claim_run_dir(plan.run_dir))
         write_run_files(plan, plan.nodes(attempt=0, master_port=plan.job.spec.master_port))
         view = make_view(out)
         try:

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import psutil
-from localrun_helpers import alive, fake_job, start_run, summary, wait_for, write_job
+from localrun_helpers import KUBETRAIN, alive, fake_job, start_run, summary, wait_for, write_job
 
 
 def running(pid: int) -> bool:
@@ -112,3 +112,15 @@ def test_a_successful_run_leaves_no_process_behind(tmp_path: Path) -> None:
     assert len(children) == 2, done.stdout
     assert not [pid for pid in children if running(pid)]
 
+
+def test_runs_started_in_the_same_second_get_their_own_run_dirs(tmp_path: Path) -> None:
+    # The default run dir is named to the second; a shared one would mix two runs' checkpoints.
+    job_file = write_job(tmp_path, fake_job("pass", nodes=1))
+    procs = [
+        subprocess.Popen([KUBETRAIN, "run", str(job_file), "--local"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    outs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0, 0], outs
+    dirs = sorted((tmp_path / "runs").iterdir())
+    assert len(dirs) == 3 and all((d / "summary.json").exists() for d in dirs), dirs
