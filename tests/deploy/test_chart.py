@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 from deploy_tools import (
@@ -282,7 +283,6 @@ def _inside_default_map(lines: list[str], number: int) -> bool:
 
 
 def test_values_defaults_pass_the_schema() -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads((CHART / "values.schema.json").read_text())
     jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()), schema)
 

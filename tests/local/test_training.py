@@ -11,6 +11,7 @@ from typing import Any
 
 import psutil
 import pytest
+import torch
 from localrun_helpers import (
     DIGITS_CPU,
     alive,
@@ -23,7 +24,6 @@ from localrun_helpers import (
     write_job,
 )
 
-torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
 
 
@@ -48,7 +48,7 @@ def test_readme_first_command_trains_the_cpu_example(tmp_path: Path) -> None:
     evals = [r for r in metrics if r["event"] == "eval"]
     assert evals[-1]["accuracy"] >= 0.9
     assert result["finalAccuracy"] == metrics[-1]["accuracy"] >= 0.9
-    # Both ranks' RNG and loader states are in the final checkpoint: node 1 trained every step.
+    # The final checkpoint gathered RNG and loader states from both ranks (a world of two to the end).
     state = final_state(run_dir)
     assert len(state["ranks"]) == 2 and state["state"]["step"] == start["total_steps"]
     assert (run_dir / "node-0.log").exists() and (run_dir / "node-1.log").exists()
