@@ -1,10 +1,13 @@
 """Supervision of a local gang: start the node processes, merge their output, apply the gang
 decision (`gang.decide`), restart or stop, and leave no process behind.
 
-Each node runs in its own session, so a whole node (torchrun and its workers) is one process
-group: stopping sends SIGTERM to the group, SIGKILL after a grace period, then waits for
-every process. This process becomes a child subreaper while it runs, so workers orphaned by
-a killed torchrun are reaped here instead of lingering.
+Each node runs in its own session and process group. torchrun starts every worker in a
+session of its own, so a node's processes span several groups: the supervisor notes the groups
+of each node's descendants while it runs. Stopping sends SIGTERM to the node's group (as a
+kubelet signals a container's first process), SIGKILL to every noted group after a grace
+period, then waits for every process. This process becomes a child subreaper while it runs,
+so workers orphaned by a killed torchrun are re-parented, killed and reaped here instead of
+lingering.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from . import gang
 from .local import LocalPlan, NodeProcess, free_port
 
 PR_SET_CHILD_SUBREAPER = 36
+# How often the process groups under each node are noted (a scan of /proc).
+NOTE_GROUPS_EVERY_S = 1.0
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -116,6 +121,8 @@ class _Node:
     spec: NodeProcess
     proc: subprocess.Popen[bytes]
     readers: list[threading.Thread]
+    # Process groups seen among this node's descendants (torchrun's workers, their children).
+    groups: set[int] = field(default_factory=set)
 
 
 class Supervisor:
@@ -222,6 +229,7 @@ class Supervisor:
         """SIGTERM every node's process group, SIGKILL what is left after the grace period,
         wait for every process (and reap orphaned workers)."""
         started = time.monotonic()
+        _note_groups(nodes)
         live = sum(node.proc.poll() is None for node in nodes)
         for node in nodes:
             if node.proc.poll() is None:
@@ -229,11 +237,18 @@ class Supervisor:
         deadline = time.monotonic() + self.grace_s
         while any(node.proc.poll() is None for node in nodes) and time.monotonic() < deadline and not self._hurry:
             self._pump(0.05)
+        _note_groups(nodes)
+        mine = _own_groups()
         for node in nodes:
-            _killpg(node.proc.pid, signal.SIGKILL)  # stragglers of the group, even if torchrun is gone
+            # Stragglers of the node's group, even if torchrun is gone, and the workers' own groups
+            # (only those still holding a process of ours: a group id could have been reused).
+            _killpg(node.proc.pid, signal.SIGKILL)
+            for group in node.groups & mine:
+                _killpg(group, signal.SIGKILL)
         for node in nodes:
             node.proc.wait()
-            _reap_group(node.proc.pid)
+            for group in {node.proc.pid, *node.groups}:
+                _reap_group(group)
         if live:
             self.view.notice(f"stopped {live} running node(s) in {time.monotonic() - started:.1f}s")
 
@@ -297,8 +312,13 @@ class Supervisor:
                 json.dumps({"attempt": attempt, "pids": [node.proc.pid for node in nodes]}) + "\n"
             )
             self.view.attempt(attempt, specs, [node.proc.pid for node in nodes])
+            noted = 0.0
             while True:
                 self._pump(0.1)
+                if time.monotonic() - noted >= NOTE_GROUPS_EVERY_S:
+                    # Before a torchrun dies: afterwards its workers are no longer its descendants.
+                    _note_groups(nodes)
+                    noted = time.monotonic()
                 if self._signal is not None:
                     self.view.notice(f"{signal.Signals(self._signal).name}: stopping all nodes")
                     self._stop(nodes)
@@ -332,6 +352,52 @@ class NodeStartError(RuntimeError):
 
 def gang_start_error(spec: NodeProcess, error: OSError) -> NodeStartError:
     return NodeStartError(f"node {spec.rank}: cannot start {spec.argv[0]!r}: {error.strerror or error}")
+
+
+def _processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, process group) of every process, from /proc."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        # After the command name (which may contain spaces and parentheses): state, ppid, pgrp.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        found[int(entry.name)] = (int(fields[1]), int(fields[2]))
+    return found
+
+
+def _note_groups(nodes: Sequence[_Node]) -> None:
+    """Add the process groups of each live node's descendants to `node.groups`."""
+    table = _processes()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    for node in nodes:
+        todo = list(children.get(node.proc.pid, []))
+        while todo:
+            pid = todo.pop()
+            node.groups.add(table[pid][1])
+            todo.extend(children.get(pid, []))
+
+
+def _own_groups() -> set[int]:
+    """Process groups holding a live descendant of this process (orphans re-parented here included)."""
+    table = _processes()
+    me = os.getpid()
+    groups = set()
+    for pid, (_, pgrp) in table.items():
+        ancestor, seen = pid, 0
+        while ancestor in table and seen < len(table):
+            ancestor = table[ancestor][0]
+            seen += 1
+            if ancestor == me:
+                groups.add(pgrp)
+                break
+    return groups
 
 
 def _killpg(pgid: int, sig: int) -> None:

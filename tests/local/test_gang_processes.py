@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -124,3 +125,32 @@ def test_runs_started_in_the_same_second_get_their_own_run_dirs(tmp_path: Path) 
     assert [proc.returncode for proc in procs] == [0, 0, 0], outs
     dirs = sorted((tmp_path / "runs").iterdir())
     assert len(dirs) == 3 and all((d / "summary.json").exists() for d in dirs), dirs
+
+
+def test_sigint_stops_workers_in_sessions_of_their_own(tmp_path: Path) -> None:
+    # As torchrun does, each node starts its worker in a new session; this worker also ignores
+    # SIGTERM, so only the supervisor's SIGKILL of the worker's own group can end it.
+    worker = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    script = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        subprocess.Popen([{sys.executable!r}, '-c', {worker!r}], start_new_session=True)
+        time.sleep(120)
+        """
+    )
+    proc = start_run(write_job(tmp_path, fake_job(script)), tmp_path / "run")
+    me = psutil.Process(proc.pid)
+
+    def tree_of_four() -> list[psutil.Process] | None:
+        kids = me.children(recursive=True)
+        return kids if len(kids) >= 4 else None
+
+    tree = wait_for("2 nodes with a worker each", tree_of_four, 60, proc)
+    seen = [(p.pid, p.create_time()) for p in tree]
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, out
+    left = [pid for pid, created in seen if alive(pid, created)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "a worker outlived the run"
