@@ -31,6 +31,9 @@ def missing() -> str | None:
     return None
 
 
+# pyproject's 15-minute pytest-timeout would end the run before the script's own 45 minutes
+# (two image builds, a cluster, two trainings).
+@pytest.mark.timeout(50 * 60)
 def test_kind_end_to_end() -> None:
     reason = missing()
     if reason:
