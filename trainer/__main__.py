@@ -38,7 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .preflight import PreflightError, run_preflight
     from .train import train
 
-    rank = int(os.environ.get("RANK", "0") or 0)
+    # Only for the log prefix: a malformed RANK is reported by setup() as a contract error.
+    raw_rank = os.environ.get("RANK", "")
+    rank = int(raw_rank) if raw_rank.isdigit() else 0
     configure_logging(rank)
     spec = config.training
     try:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import free_port
+from conftest import base_env, free_port
 
 from kubetrain.trainer import contract
 from kubetrain.trainer.checkpoint import (
@@ -276,3 +276,17 @@ def test_trainer_package_imports_without_torch_or_operator_deps() -> None:
         """
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_malformed_rank_is_a_contract_error_not_a_crash(tmp_path: Path) -> None:
+    env = {**base_env(), "RANK": "x", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "kubetrain.trainer", "preflight"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "RANK='x' is not an integer" in done.stderr and "Traceback" not in done.stderr
