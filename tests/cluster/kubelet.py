@@ -80,36 +80,43 @@ class FakeKubelet:
         # _preload_content=False skips that.
         self.core.create_namespaced_binding(namespace, body, _preload_content=False)
 
-    def _containers(self, namespace: str, name: str) -> list[Any]:
-        return list(self.core.read_namespaced_pod(name, namespace).spec.containers)
-
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> Any:
         """Merge `status` into the pod's status through the status subresource."""
         return self.core.patch_namespaced_pod_status(name, namespace, {"status": status})
 
-    def run(self, namespace: str, name: str, *, ready: bool = True) -> Any:
-        """Bind the pod and report it Running with every container started."""
-        self.bind(namespace, name)
-        started = now()
-        statuses = [
-            {
-                "name": c.name,
-                "image": c.image,
-                "imageID": f"fake://{c.image}",
-                "containerID": f"fake://{namespace}/{name}/{c.name}",
-                "ready": ready,
-                "started": True,
-                "restartCount": 0,
-                "state": {"running": {"startedAt": started}},
-            }
-            for c in self._containers(namespace, name)
-        ]
+    def _report(self, namespace: str, pod: Any, started: str, terminated: dict[str, Any] | None, ready: bool) -> Any:
+        """What a kubelet writes: every container running since `started`, or `terminated`
+        (phase Succeeded with exit code 0, else Failed)."""
+        if terminated is None:
+            phase, reason = "Running", ""
+        else:
+            phase, reason = ("Succeeded" if terminated["exitCode"] == 0 else "Failed"), "PodCompleted"
         flag = "True" if ready else "False"
+        statuses = []
+        for c in pod.spec.containers:
+            container_id = f"fake://{namespace}/{pod.metadata.name}/{c.name}"
+            state = (
+                {"running": {"startedAt": started}}
+                if terminated is None
+                else {"terminated": {**terminated, "containerID": container_id}}
+            )
+            statuses.append(
+                {
+                    "name": c.name,
+                    "image": c.image,
+                    "imageID": f"fake://{c.image}",
+                    "containerID": container_id,
+                    "ready": ready,
+                    "started": terminated is None,
+                    "restartCount": 0,
+                    "state": state,
+                }
+            )
         return self.patch_status(
             namespace,
-            name,
+            pod.metadata.name,
             {
-                "phase": "Running",
+                "phase": phase,
                 "hostIP": self.pod_ip,
                 "podIP": self.pod_ip,
                 "podIPs": [{"ip": self.pod_ip}],
@@ -117,61 +124,32 @@ class FakeKubelet:
                 "conditions": [
                     _condition("PodScheduled", "True"),
                     _condition("Initialized", "True"),
-                    _condition("ContainersReady", flag),
-                    _condition("Ready", flag),
+                    _condition("ContainersReady", flag, reason),
+                    _condition("Ready", flag, reason),
                 ],
                 "containerStatuses": statuses,
             },
         )
 
+    def run(self, namespace: str, name: str, *, ready: bool = True) -> Any:
+        """Bind the pod and report it Running with every container started."""
+        self.bind(namespace, name)
+        return self._report(namespace, self.core.read_namespaced_pod(name, namespace), now(), None, ready)
+
     def terminate(self, namespace: str, name: str, *, exit_code: int, reason: str | None = None) -> Any:
-        """Report every container terminated with `exit_code`; phase Succeeded if it is 0,
-        else Failed (restartPolicy Never semantics, which is what training pods use)."""
+        """Report every container terminated with `exit_code` (restartPolicy Never semantics,
+        which is what training pods use)."""
+        self.bind(namespace, name)
         pod = self.core.read_namespaced_pod(name, namespace)
-        if not pod.spec.node_name:
-            self.bind(namespace, name)
         finished = now()
         started = pod.status.start_time.strftime("%Y-%m-%dT%H:%M:%SZ") if pod.status.start_time else finished
-        reason = reason or ("Completed" if exit_code == 0 else "Error")
-        statuses = [
-            {
-                "name": c.name,
-                "image": c.image,
-                "imageID": f"fake://{c.image}",
-                "containerID": f"fake://{namespace}/{name}/{c.name}",
-                "ready": False,
-                "started": False,
-                "restartCount": 0,
-                "state": {
-                    "terminated": {
-                        "exitCode": exit_code,
-                        "reason": reason,
-                        "startedAt": started,
-                        "finishedAt": finished,
-                        "containerID": f"fake://{namespace}/{name}/{c.name}",
-                    }
-                },
-            }
-            for c in pod.spec.containers
-        ]
-        return self.patch_status(
-            namespace,
-            name,
-            {
-                "phase": "Succeeded" if exit_code == 0 else "Failed",
-                "hostIP": self.pod_ip,
-                "podIP": self.pod_ip,
-                "podIPs": [{"ip": self.pod_ip}],
-                "startTime": started,
-                "conditions": [
-                    _condition("PodScheduled", "True"),
-                    _condition("Initialized", "True"),
-                    _condition("ContainersReady", "False", "PodCompleted"),
-                    _condition("Ready", "False", "PodCompleted"),
-                ],
-                "containerStatuses": statuses,
-            },
-        )
+        terminated = {
+            "exitCode": exit_code,
+            "reason": reason or ("Completed" if exit_code == 0 else "Error"),
+            "startedAt": started,
+            "finishedAt": finished,
+        }
+        return self._report(namespace, pod, started, terminated, ready=False)
 
     def succeed(self, namespace: str, name: str) -> Any:
         return self.terminate(namespace, name, exit_code=0)
@@ -185,14 +163,22 @@ class FakeKubelet:
             namespace, name, {"phase": "Failed", "reason": reason, "message": message or f"fake {reason}"}
         )
 
-    def confirm_deletion(self, namespace: str, name: str) -> None:
+    def confirm_deletion(self, namespace: str, name: str, uid: str | None = None) -> None:
         """Finish a graceful deletion as the kubelet does once the containers stopped: a pod
-        bound to a node otherwise stays Terminating for good (no-op if it is gone)."""
-        pod = self.core.read_namespaced_pod(name, namespace)
-        # With a body the server reads the options from it, not from query parameters.
-        options = client.V1DeleteOptions(grace_period_seconds=0, preconditions={"uid": pod.metadata.uid})
+        bound to a node otherwise stays Terminating for good. `uid` pins the pod meant (a
+        successor of the same name must live); a pod already gone is fine."""
         try:
+            if uid is None:
+                uid = self.core.read_namespaced_pod(name, namespace).metadata.uid
+            # With a body the server reads the options from it, not from query parameters.
+            options = client.V1DeleteOptions(grace_period_seconds=0, preconditions={"uid": uid})
             self.core.delete_namespaced_pod(name, namespace, body=options)
         except client.ApiException as exc:
             if exc.status not in (404, 409):
                 raise
+
+    def confirm_deletions(self, namespace: str) -> None:
+        """`confirm_deletion` of every pod in `namespace` that is being deleted."""
+        for pod in self.core.list_namespaced_pod(namespace).items:
+            if pod.metadata.deletion_timestamp is not None:
+                self.confirm_deletion(namespace, pod.metadata.name, pod.metadata.uid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 from cluster.controlplane import ControlPlane
 from cluster.kubelet import FakeKubelet
-from operator_tools import Cluster, OperatorProcess, Reaper
+from kubernetes import client
+from operator_tools import Cluster, OperatorProcess
 
 
 @pytest.fixture
@@ -19,11 +21,24 @@ def cluster(kube_api: Any, namespace: str, crds_installed: ControlPlane) -> Iter
 
 @pytest.fixture
 def kubelet(kube_api: Any, namespace: str) -> Iterator[FakeKubelet]:
-    reaper = Reaper(kube_api, namespace)
-    reaper.thread.start()
-    yield FakeKubelet(kube_api)
-    reaper.stop.set()
-    reaper.thread.join(5)
+    """The FakeKubelet, plus the half of a kubelet that finishes deletions: a bound pod with a
+    deletionTimestamp stays until its kubelet confirms its containers stopped. A thread does
+    that for every pod of the namespace, as the operator's gang restarts and cleanups need."""
+    kubelet = FakeKubelet(kube_api)
+    stop = threading.Event()
+
+    def confirm() -> None:
+        while not stop.wait(0.1):
+            try:
+                kubelet.confirm_deletions(namespace)
+            except client.ApiException:
+                continue
+
+    thread = threading.Thread(target=confirm, name="confirm-deletions", daemon=True)
+    thread.start()
+    yield kubelet
+    stop.set()
+    thread.join(5)
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Helpers of the operator's control-plane tests: the operator as a real `kubetrain operator`
-subprocess, the deletion half of a kubelet, and small readers of the server's objects."""
+subprocess, and small readers and writers of the server's objects."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -185,24 +184,3 @@ def has_condition(kind: str, status: str = "True", reason: str | None = None) ->
         return c is not None and c["status"] == status and (reason is None or c["reason"] == reason)
 
     return check
-
-
-class Reaper:
-    """The half of a kubelet that finishes deletions: a bound pod with a deletionTimestamp stays
-    until its kubelet confirms its containers stopped (a grace-0 delete). This thread does that."""
-
-    def __init__(self, api: Any, namespace: str) -> None:
-        from kubernetes import client
-
-        self.core, self.namespace, self.client = client.CoreV1Api(api), namespace, client
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.wait(0.1):
-            try:
-                for pod in self.core.list_namespaced_pod(self.namespace).items:
-                    if pod.metadata.deletion_timestamp is not None:
-                        self.core.delete_namespaced_pod(pod.metadata.name, self.namespace, grace_period_seconds=0)
-            except self.client.ApiException:
-                continue
