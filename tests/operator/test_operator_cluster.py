@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from cluster.controlplane import ControlPlane, wait_for
 from cluster.kubelet import FakeKubelet
+from kubernetes import client
 from operator_tools import Cluster, OperatorProcess, condition, has_condition
 
 from kubetrain.operator import naming
@@ -62,6 +63,17 @@ def test_killing_the_operator_mid_reconcile_never_duplicates_or_restarts(
     proc = OperatorProcess(crds_installed.kubeconfig, tmp_path / "operator.log", namespaces=namespace)
     rng = random.Random(7)
     names = []
+    first_uid: dict[str, str] = {}
+
+    def no_pod_replaced() -> None:
+        # Pod names are unique, so a duplicate or a restart shows as a pod deleted or
+        # recreated under its name: every name keeps the uid it was first seen with.
+        for p in cluster.core.list_namespaced_pod(namespace).items:
+            name = p.metadata.name
+            assert p.metadata.deletion_timestamp is None, f"{name} was deleted"
+            assert first_uid.setdefault(name, p.metadata.uid) == p.metadata.uid, f"{name} was recreated"
+            assert p.metadata.labels[naming.LABEL_ATTEMPT] == "0", f"{name} belongs to a later attempt"
+
     for i in range(10):
         names.append(f"k{i}")
         cluster.create_job(f"k{i}", nodes=3)
@@ -69,7 +81,7 @@ def test_killing_the_operator_mid_reconcile_never_duplicates_or_restarts(
         # kopf needs about a second to list and start reconciling; kill somewhere around it.
         deadline = time.monotonic() + rng.uniform(0.8, 2.5)
         while time.monotonic() < deadline:
-            assert all(len(cluster.live_pods(n)) <= 3 for n in names)
+            no_pod_replaced()
             time.sleep(0.05)
         proc.kill()
     proc.start()
@@ -78,6 +90,7 @@ def test_killing_the_operator_mid_reconcile_never_duplicates_or_restarts(
             job = cluster.wait_job(name, has_condition("Created"), "Created after the restarts")
             pods = cluster.wait_pods(name, 3, attempt=0)
             assert [p.metadata.name for p in pods] == [f"{name}-node-{r}" for r in range(3)]
+            no_pod_replaced()
             assert job["status"]["attempt"] == 0 and job["status"]["restarts"] == 0
             assert not job["status"].get("failures")
             assert len(cluster.services(name)) == 1
@@ -138,7 +151,9 @@ def test_success_when_every_node_exits_zero(cluster: Cluster, operator: Operator
     kubelet.succeed(cluster.namespace, "ok-node-1")
     job = cluster.wait_job("ok", has_condition("Succeeded", reason="AllNodesSucceeded"), "Succeeded")
     assert job["status"]["phase"] == "Succeeded" and job["status"]["completionTime"]
-    # cleanPodPolicy Running: finished pods stay for `kubectl logs`.
+    # cleanPodPolicy Running: finished pods stay for `kubectl logs`. The operator counts a
+    # delete as it sends it, right after the status write this test just saw.
+    assert 'kubetrain_api_writes_total{verb="delete",resource="pods"}' not in operator.metrics()
     assert len(cluster.live_pods("ok")) == 2
 
 
@@ -201,8 +216,10 @@ def test_ttl_and_delete_garbage_collect_the_children(
         cluster.wait_pods(name, 2)
     for rank in range(2):
         kubelet.succeed(cluster.namespace, f"ttl-node-{rank}")
-    cluster.wait_job("ttl", has_condition("Succeeded"), "Succeeded")
+    # Succeeded may last less than a poll (completionTime has 1 s resolution, the TTL is
+    # 1 s): its Event, posted before the TTL runs out, outlives the job.
     wait_for(lambda: cluster.job("ttl") is None, 20, "the TTL deleting the finished job")
+    assert "AllNodesSucceeded" in [e.reason for e in cluster.events("ttl")]
     cluster.delete_job("gone")
 
     # The garbage collector notices a new CRD's dependents only after its discovery refresh
@@ -213,15 +230,31 @@ def test_ttl_and_delete_garbage_collect_the_children(
     wait_for(children_gone, 90, "the children garbage-collected with their jobs")
 
 
-def test_pods_pass_pod_security_restricted(cluster: Cluster, operator: OperatorProcess, kube_api: Any) -> None:
+def test_pods_pass_pod_security_restricted(cluster: Cluster, operator: OperatorProcess) -> None:
     """The namespace enforces the restricted Pod Security Standard: the server admits the pods."""
-    from kubernetes import client
-
     labels = {
         "pod-security.kubernetes.io/enforce": "restricted",
         "pod-security.kubernetes.io/enforce-version": "latest",
     }
-    client.CoreV1Api(kube_api).patch_namespace(cluster.namespace, {"metadata": {"labels": labels}})
+    cluster.core.patch_namespace(cluster.namespace, {"metadata": {"labels": labels}})
+    privileged = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "privileged"},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "securityContext": {"privileged": True}}]},
+    }
+
+    def enforced() -> bool:
+        try:
+            cluster.core.create_namespaced_pod(cluster.namespace, privileged, dry_run="All")
+        except client.ApiException as exc:
+            if exc.status == 403:
+                return True
+            raise
+        return False
+
+    # Without this the job's pods could pass only because the label was not seen yet.
+    wait_for(enforced, 10, "Pod Security admission refusing a privileged pod")
     cluster.create_job("strict", nodes=2, gpusPerNode=1, backend="nccl")
     cluster.wait_job("strict", has_condition("Created"), "Created under enforce=restricted")
     assert len(cluster.wait_pods("strict", 2)) == 2
