@@ -60,7 +60,10 @@ def load_configuration() -> Any:
 
 
 def _transient_refusal(message: str) -> bool:
-    return "exceeded quota" in message or "being terminated" in message
+    """A 403 that says nothing about the pod: a quota that may free up, a namespace going
+    away, or the operator's own RBAC ('User "..." cannot create resource "pods"'), which its
+    admin fixes; failing users' jobs for that would outlive the fix."""
+    return any(cause in message for cause in ("exceeded quota", "being terminated", "cannot create resource"))
 
 
 def _core(namespace: str, plural: str, name: str = "") -> str:
@@ -153,8 +156,8 @@ class Kube:
             if exc.status == 409:
                 return None
             # 422: invalid; 403: refused by admission (Pod Security, a policy webhook). Both
-            # refuse the same pod again. An exhausted quota or a namespace being deleted are
-            # 403s too, but pass: they are retried with backoff like any other error.
+            # refuse the same pod again. The transient 403s are retried with backoff like any
+            # other error.
             if exc.status == 422 or (exc.status == 403 and not _transient_refusal(exc.message)):
                 raise Invalid(exc.message) from exc
             raise
@@ -246,7 +249,7 @@ class Kube:
         API_WRITES.labels("create", "events").inc()
         try:
             await self._request("POST", _core(meta["namespace"], "events"), event, side=True)
-        except (ApiError, aiohttp.ClientError) as exc:
+        except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
             # Events are for humans; the status already holds the transition.
             log.warning("event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], exc)
 
