@@ -24,8 +24,7 @@ def test_there_are_examples_for_cpu_gpu_and_byo() -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_are_valid(path: Path) -> None:
-    job = manifest.load(path)
-    assert job.spec.world_size == job.spec.nodes * max(job.spec.gpus_per_node, 1)
+    manifest.load(path)  # raises InvalidTrainingJob, naming the field
 
 
 def test_invalid_table_is_large_enough() -> None:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from datetime import UTC, datetime
 from typing import Any
+
+import pytest
 
 from kubetrain.operator.api import TrainingJob, TrainingJobStatus
 from kubetrain.operator.handlers import Operator
@@ -58,12 +61,15 @@ def test_rank_zero_log_fills_progress_once_per_interval() -> None:
     assert decision.requeue_after == 5
 
 
-def test_log_read_failure_is_quiet() -> None:
+def test_log_read_failure_is_quiet(caplog: pytest.LogCaptureFixture) -> None:
     async def source(namespace: str, pod: str) -> str:
         raise ConnectionError("no kubelet")
 
-    decision, calls = run(source)
+    with caplog.at_level(logging.DEBUG, logger="kubetrain.operator"):
+        decision, calls = run(source)
     assert calls == ["j-node-0"] and decision.status.progress is None
+    # Only at debug: a pod without a kubelet yet, or a rotated log, is routine.
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG]
 
 
 def test_not_read_while_pending_or_before_rank_zero_starts() -> None:

@@ -319,6 +319,25 @@ def test_conditions_keep_transition_time_and_track_generation() -> None:
     assert d.status.observed_generation == 2 and is_true(d.status, "Created")
 
 
+def test_transition_time_moves_exactly_when_the_status_flips() -> None:
+    job, pods = running_job()
+
+    def moved(decision: Decision, kind: str) -> datetime:
+        c = get_condition(decision.status, kind)
+        assert c is not None, kind
+        return c.last_transition_time
+
+    t1, t2, t3 = (T0 + timedelta(minutes=m) for m in (1, 2, 3))
+    d = step(job, [*pods[:2], pod(job, 2, phase="Failed", exit_code=1)], t1)
+    assert (moved(d, "Running"), moved(d, "Restarting"), moved(d, "Created")) == (t1, t1, T0)
+    job = advance(job, d)
+    d = step(job, [], t2)  # still restarting: nothing flips, though reasons and messages may change
+    assert (moved(d, "Running"), moved(d, "Restarting")) == (t1, t1)
+    job = advance(job, d)
+    d = step(job, [pod(job, r, attempt=1, phase="Running") for r in range(3)], t3)
+    assert (moved(d, "Running"), moved(d, "Restarting"), moved(d, "Created")) == (t3, t3, T0)
+
+
 def test_failure_history_is_bounded() -> None:
     job, _ = running_job(runPolicy={"maxRestarts": 100})
     for attempt in range(25):
