@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.config import JsonDict
@@ -396,7 +396,6 @@ class ObjectMeta(StrictModel):
 # --- status -----------------------------------------------------------------------------
 
 Phase = Literal["Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
-CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 
 
 class Condition(StrictModel):
@@ -505,7 +504,3 @@ class TrainingJob(StrictModel):
     def name(self) -> str:
         assert self.metadata.name is not None, "name is set by the API server before reconciling"
         return self.metadata.name
-
-
-def parse_training_job(document: dict[str, Any]) -> TrainingJob:
-    return TrainingJob.model_validate(document)
