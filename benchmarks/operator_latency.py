@@ -95,6 +95,7 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
     load_at_start = round(os.getloadavg()[0], 2)
     workdir = Path(tempfile.mkdtemp(prefix="kubetrain-bench-"))
     cp = controlplane.start(workdir=workdir / "cp")
+    proc: OperatorProcess | None = None
     try:
         cp.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
         cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(ROOT / "crds"))
@@ -232,6 +233,8 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
         }
         return result
     finally:
+        if proc is not None:
+            proc.stop()  # a run that failed midway must not leave the operator retrying forever
         cp.stop()
 
 
