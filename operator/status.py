@@ -10,7 +10,9 @@ Definitions the README repeats:
     with any failed pod restarts the gang instead of succeeding.
   * Gang failure: a pod of the current attempt is Failed (any exit code, evicted), was
     deleted (terminating, or missing after all pods of the attempt had been observed), or is
-    stuck waiting (ImagePullBackOff, CrashLoopBackOff, ...) longer than `stuck_timeout`.
+    stuck waiting (ImagePullBackOff, CrashLoopBackOff, ...) and was scheduled longer than
+    `stuck_timeout` ago (Kubernetes records no start of the wait; time waiting for a node
+    does not count).
   * Gang restart: the failure is recorded, `attempt` and `restarts` go up (the status patch is
     the commit point and goes first), then every pod of older attempts is deleted and the
     new attempt's pods are created as their names free up.
@@ -78,6 +80,8 @@ class PodView:
     created: datetime | None
     node: str | None = None
     scheduled: bool = False
+    # When the scheduler placed it: a pod that waited for a node has not been stuck meanwhile.
+    scheduled_at: datetime | None = None
     schedule_message: str = ""
     waiting_reason: str | None = None
     exit_code: int | None = None
@@ -122,6 +126,9 @@ class PodView:
             node=spec.get("nodeName"),
             scheduled=bool(spec.get("nodeName"))
             or (scheduled_condition is not None and scheduled_condition.get("status") == "True"),
+            scheduled_at=parse_time(scheduled_condition.get("lastTransitionTime"))
+            if scheduled_condition is not None and scheduled_condition.get("status") == "True"
+            else None,
             schedule_message=(scheduled_condition or {}).get("message") or "",
             waiting_reason=waiting,
             exit_code=exit_code,
@@ -351,8 +358,9 @@ def decide(
                 if r not in by_rank and r not in gone
             ]
         for p in current:
-            if p.phase == "Pending" and p.waiting_reason in STUCK_REASONS and p.created is not None:
-                due = p.created + policy.stuck_timeout
+            since = p.scheduled_at or p.created
+            if p.phase == "Pending" and p.waiting_reason in STUCK_REASONS and since is not None:
+                due = since + policy.stuck_timeout
                 if now >= due:
                     problems.append((p, "stuck"))
                 else:

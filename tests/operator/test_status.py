@@ -184,6 +184,23 @@ def test_stuck_pod_within_timeout_only_requeues() -> None:
     assert d.status.attempt == 0 and d.requeue_after == pytest.approx(240)
 
 
+def test_stuck_timeout_counts_from_scheduling_not_creation() -> None:
+    """A pod that waited 10 minutes for a node and then fails one image pull is not stuck yet."""
+    job, pods = running_job()
+    body = render_pod(job, "ns", UID, 0, 0)
+    body["metadata"].update(uid="u0", creationTimestamp="2026-01-01T11:50:00Z")
+    body["spec"]["nodeName"] = "n1"
+    body["status"] = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T11:59:00Z"}],
+        "containerStatuses": [{"name": "trainer", "state": {"waiting": {"reason": "ErrImagePull"}}}],
+    }
+    pods[0] = PodView.from_pod(body)
+    d = step(job, pods, T0)
+    assert d.status.attempt == 0 and d.requeue_after == pytest.approx(240)
+    assert step(job, pods, T0 + timedelta(minutes=4)).status.attempt == 1
+
+
 def test_max_restarts_exhausted_fails_and_stops_every_running_pod() -> None:
     job, pods = running_job(runPolicy={"maxRestarts": 1})
     job = advance(job, step(job, [pod(job, 0, phase="Failed", exit_code=1), *pods[1:]]))
