@@ -27,6 +27,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Literal, Protocol
 
+from kubetrain.trainer.metrics import EVENTS
+
 from . import gang
 from .local import LocalPlan, NodeProcess, free_port
 
@@ -39,7 +41,6 @@ EXIT_BAD_INPUT = 2
 EXIT_SIGNAL_BASE = 128
 
 Outcome = Literal["Succeeded", "Failed", "Interrupted"]
-METRIC_EVENTS = frozenset({"start", "step", "eval", "checkpoint", "resume", "preflight", "done"})
 
 
 class RunView(Protocol):
@@ -106,7 +107,7 @@ def parse_record(line: str) -> dict[str, Any] | None:
         record = json.loads(line)
     except ValueError:
         return None
-    if isinstance(record, dict) and record.get("event") in METRIC_EVENTS:
+    if isinstance(record, dict) and record.get("event") in EVENTS:
         return record
     return None
 
