@@ -356,9 +356,14 @@ def gang_start_error(spec: NodeProcess, error: OSError) -> NodeStartError:
 
 
 def _processes() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, process group) of every process, from /proc."""
-    found = {}
-    for entry in os.scandir("/proc"):
+    """pid -> (parent pid, process group) of every process, from /proc (empty without one: there
+    only each node's own group is stopped)."""
+    found: dict[int, tuple[int, int]] = {}
+    try:
+        entries = list(os.scandir("/proc"))
+    except OSError:
+        return found
+    for entry in entries:
         if not entry.name.isdigit():
             continue
         try:
