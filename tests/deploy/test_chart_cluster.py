@@ -249,7 +249,9 @@ def test_operator_runs_with_the_charts_env_and_service_account(
     deployment = next(doc for doc in rendered if doc and doc["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     env = {item["name"]: item["value"] for item in container["env"]}
-    health, metrics = free_port(), free_port()
+    health = metrics = free_port()
+    while metrics == health:  # each probe releases its port, so two in a row can be the same
+        metrics = free_port()
     env |= {"KUBETRAIN_HEALTH_PORT": str(health), "KUBETRAIN_METRICS_PORT": str(metrics)}
     kubeconfig = service_account_kubeconfig(control_plane, namespace, f"{name}-kubetrain", tmp_path / "sa.kubeconfig")
     log_path = tmp_path / "operator.log"
