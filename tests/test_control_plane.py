@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from cases import INVALID_JOBS, valid_job
-from cluster.controlplane import ControlPlane, find_tool, free_port, wait_for
+from cluster.controlplane import ControlPlane, find_tool, free_port, free_ports, wait_for
 from cluster.kubelet import FakeKubelet
 from cluster.processnode import ProcessNode
 from kubernetes import client
@@ -445,14 +445,15 @@ def test_end_to_end_apply_operator_pods_training_succeeded(
     """kubectl apply -> the operator creates the gang -> the process node runs the real
     trainer under torchrun (gloo, 2 nodes) -> the TrainingJob reports Succeeded."""
     pytest.importorskip("torch")
-    doc = job_doc("e2e", masterPort=free_port())
+    master_port, health_port = free_ports(2)
+    doc = job_doc("e2e", masterPort=master_port)
     doc["spec"]["training"] = {**doc["spec"]["training"], "epochs": 1}
     log_path = tmp_path / "operator.log"
     argv = [
         str(Path(sys.executable).parent / "kubetrain"),
         "operator",
         f"--namespaces={namespace}",
-        f"--health-port={free_port()}",
+        f"--health-port={health_port}",
         "--metrics-port=0",
         "--log-format=plain",
         "--progress-interval=2",

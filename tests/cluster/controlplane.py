@@ -99,10 +99,18 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: 
         time.sleep(interval)
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free right now. Every socket stays bound until all are picked:
+    one bind at a time may hand out the same port twice."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 _PR_SET_PDEATHSIG = 1
@@ -322,7 +330,7 @@ def start(workdir: Path | None = None, bin_dir: Path | None = None, timeout: flo
     pki = workdir / "pki"
     make_pki(pki)
     (workdir / "logs").mkdir()
-    etcd_port, peer_port, api_port, kcm_port = free_port(), free_port(), free_port(), free_port()
+    etcd_port, peer_port, api_port, kcm_port = free_ports(4)
     server = f"https://127.0.0.1:{api_port}"
     cp = ControlPlane(workdir=workdir, bin_dir=bin_dir, server=server, kubeconfig=workdir / "admin.kubeconfig")
     write_kubeconfig(cp.kubeconfig, server, pki, "admin")

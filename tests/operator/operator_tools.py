@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,18 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cluster.controlplane import wait_for
+from cluster.controlplane import free_ports, wait_for
 
 from kubetrain.operator import naming
 
 KUBETRAIN = Path(sys.executable).parent / "kubetrain"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class OperatorProcess:
@@ -37,7 +29,7 @@ class OperatorProcess:
         self.health_port = self.metrics_port = 0
 
     def start(self, wait: bool = True) -> OperatorProcess:
-        self.health_port, self.metrics_port = free_port(), free_port()
+        self.health_port, self.metrics_port = free_ports(2)
         args = [
             str(KUBETRAIN),
             "operator",

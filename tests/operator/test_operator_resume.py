@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from cluster.controlplane import ControlPlane, wait_for
+from cluster.controlplane import ControlPlane, free_port, wait_for
 from cluster.processnode import ProcessNode
-from operator_tools import Cluster, OperatorProcess, free_port, has_condition
+from operator_tools import Cluster, OperatorProcess, has_condition
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
