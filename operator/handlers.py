@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from . import metrics, naming, progress
 from .api import TrainingJob, TrainingJobStatus
-from .kube import Conflict, Invalid, Kube
+from .kube import Conflict, Invalid, Kube, Refused
 from .render import render_pod, render_service
 from .settings import OperatorSettings
 from .status import Decision, PodView, StaleView, decide, derive_phase, parse_time, set_condition
@@ -96,11 +96,13 @@ class WorkQueue:
                 try:
                     requeue = await self.work(key)
                     self.failures.pop(key, None)
-                except Exception:
+                except Exception as error:
                     metrics.RECONCILE_ERRORS.inc()
                     count = self.failures[key] = self.failures.get(key, 0) + 1
                     requeue = min(0.25 * 2**count, 60.0)
-                    log.exception("reconcile of %s/%s failed; retrying in %.1f s", *key, requeue)
+                    # An expected refusal (a namespace being deleted, a quota) needs its message only.
+                    report = log.warning if isinstance(error, Refused) else log.exception
+                    report("reconcile of %s/%s failed; retrying in %.1f s: %s", *key, requeue, error)
                 if requeue is not None:
                     if requeue <= 0:
                         self.dirty.add(key)

@@ -49,6 +49,10 @@ class Invalid(Exception):
     """The API server refused an object for good: invalid (422) or denied by admission (403)."""
 
 
+class Refused(Exception):
+    """A 403 that passes later (see `_transient_refusal`): retried, and logged without a traceback."""
+
+
 def load_configuration() -> Any:
     """The in-cluster ServiceAccount's credentials, else the current kubeconfig's."""
     configuration = client.Configuration()
@@ -160,6 +164,8 @@ class Kube:
             # other error.
             if exc.status == 422 or (exc.status == 403 and not _transient_refusal(exc.message)):
                 raise Invalid(exc.message) from exc
+            if exc.status == 403:
+                raise Refused(exc.message) from exc
             raise
         return created
 
