@@ -88,7 +88,9 @@ def crds_installed(control_plane: ControlPlane) -> ControlPlane:
 @pytest.fixture
 def namespace(control_plane: ControlPlane, kube_api: Any, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace per test whose `default` ServiceAccount exists (pods need it);
-    deleted afterwards without waiting."""
+    deleted afterwards without waiting, its pods first with grace 0: pods bound to the tests'
+    fake nodes have no kubelet to confirm a graceful deletion, and would keep the namespace
+    Terminating for the rest of the session."""
     from kubernetes import client
 
     core = client.CoreV1Api(kube_api)
@@ -107,4 +109,5 @@ def namespace(control_plane: ControlPlane, kube_api: Any, request: pytest.Fixtur
 
     wait_for(has_sa, 30, f"the default ServiceAccount in {name}")
     yield name
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
     core.delete_namespace(name)
