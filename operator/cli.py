@@ -3,6 +3,7 @@ must not pay for kopf, and nothing here may import torch."""
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +16,18 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+class LogLevel(enum.StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+class LogFormat(enum.StrEnum):
+    json = "json"
+    plain = "plain"
 
 
 @app.command()
@@ -111,28 +124,37 @@ def operator_(
         str, typer.Option(envvar="KUBETRAIN_CLUSTER_DOMAIN", help="Cluster DNS domain of the rendezvous address.")
     ] = "cluster.local",
     metrics_port: Annotated[
-        int, typer.Option(envvar="KUBETRAIN_METRICS_PORT", help="Prometheus /metrics port; 0 disables it.")
+        int,
+        typer.Option(
+            envvar="KUBETRAIN_METRICS_PORT", min=0, max=65535, help="Prometheus /metrics port; 0 disables it."
+        ),
     ] = 8000,
     health_port: Annotated[
-        int, typer.Option(envvar="KUBETRAIN_HEALTH_PORT", help="kopf liveness /healthz port; 0 disables it.")
+        int,
+        typer.Option(
+            envvar="KUBETRAIN_HEALTH_PORT", min=0, max=65535, help="kopf liveness /healthz port; 0 disables it."
+        ),
     ] = 8080,
     stuck_timeout: Annotated[
         float,
         typer.Option(
             envvar="KUBETRAIN_STUCK_TIMEOUT_SECONDS",
+            min=1,
             help="Seconds a pod may wait in ImagePullBackOff/CrashLoopBackOff before the gang restarts.",
         ),
     ] = 300.0,
     progress_interval: Annotated[
         float,
         typer.Option(
-            envvar="KUBETRAIN_PROGRESS_INTERVAL_SECONDS", help="How often rank 0's log is read for status.progress."
+            envvar="KUBETRAIN_PROGRESS_INTERVAL_SECONDS",
+            min=1,
+            help="How often rank 0's log is read for status.progress.",
         ),
     ] = 15.0,
     log_level: Annotated[
-        str, typer.Option(envvar="KUBETRAIN_LOG_LEVEL", help="debug, info, warning or error.")
-    ] = "info",
-    log_format: Annotated[str, typer.Option(envvar="KUBETRAIN_LOG_FORMAT", help="json or plain.")] = "json",
+        LogLevel, typer.Option(envvar="KUBETRAIN_LOG_LEVEL", case_sensitive=False, help="Log level.")
+    ] = LogLevel.info,
+    log_format: Annotated[LogFormat, typer.Option(envvar="KUBETRAIN_LOG_FORMAT", help="Log format.")] = LogFormat.json,
 ) -> None:
     """Run the TrainingJob operator against the current kubeconfig (in a pod: its ServiceAccount).
 
@@ -149,9 +171,9 @@ def operator_(
         progress_interval_seconds=progress_interval,
         metrics_port=metrics_port,
         health_port=health_port,
-        log_format=log_format,
+        log_format=log_format.value,
     )
-    raise typer.Exit(run_operator(settings, log_level=log_level))
+    raise typer.Exit(run_operator(settings, log_level=log_level.value))
 
 
 def main() -> None:
