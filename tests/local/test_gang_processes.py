@@ -71,16 +71,9 @@ def test_active_deadline_stops_every_node(tmp_path: Path) -> None:
     assert not [pid for pid in pids if running(pid)]
 
 
-def test_sigint_stops_whole_node_trees(tmp_path: Path) -> None:
-    # Each node starts a grandchild, as torchrun starts workers, then both wait.
-    script = textwrap.dedent(
-        f"""
-        import subprocess, sys, time
-        subprocess.Popen([{sys.executable!r}, '-c', 'import time; time.sleep(120)'])
-        print('ready', flush=True)
-        time.sleep(120)
-        """
-    )
+def interrupt_a_run_of_two_trees(tmp_path: Path, script: str) -> list[int]:
+    """Run 2 nodes of `script` (each starting one child), SIGINT the run once all 4 processes
+    exist, and return the PIDs of those that outlived it (killed here, so nothing leaks)."""
     proc = start_run(write_job(tmp_path, fake_job(script)), tmp_path / "run")
     me = psutil.Process(proc.pid)
 
@@ -93,7 +86,24 @@ def test_sigint_stops_whole_node_trees(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGINT, out
-    assert not [pid for pid, created in seen if alive(pid, created)]
+    left = [pid for pid, created in seen if alive(pid, created)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def test_sigint_stops_whole_node_trees(tmp_path: Path) -> None:
+    # Each node starts a grandchild, as torchrun starts workers, then both wait.
+    script = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        subprocess.Popen([{sys.executable!r}, '-c', 'import time; time.sleep(120)'])
+        print('ready', flush=True)
+        time.sleep(120)
+        """
+    )
+    left = interrupt_a_run_of_two_trees(tmp_path, script)
+    assert not left, "a node's child outlived the run"
     assert summary(tmp_path / "run")["outcome"] == "Interrupted"
 
 
@@ -138,19 +148,5 @@ def test_sigint_stops_workers_in_sessions_of_their_own(tmp_path: Path) -> None:
         time.sleep(120)
         """
     )
-    proc = start_run(write_job(tmp_path, fake_job(script)), tmp_path / "run")
-    me = psutil.Process(proc.pid)
-
-    def tree_of_four() -> list[psutil.Process] | None:
-        kids = me.children(recursive=True)
-        return kids if len(kids) >= 4 else None
-
-    tree = wait_for("2 nodes with a worker each", tree_of_four, 60, proc)
-    seen = [(p.pid, p.create_time()) for p in tree]
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGINT, out
-    left = [pid for pid, created in seen if alive(pid, created)]
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
+    left = interrupt_a_run_of_two_trees(tmp_path, script)
     assert not left, "a worker outlived the run"
