@@ -31,10 +31,11 @@ from . import naming
 # A Kubernetes quantity: `2`, `500m`, `16Gi`. The API server gives the final verdict.
 QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]i?|Ki)?$"
 _QUANTITY = re.compile(QUANTITY_PATTERN)
+QUANTITY_MAX_LENGTH = 64
 
 
 def _check_quantity(value: int | str) -> int | str:
-    if isinstance(value, str) and (len(value) > 64 or not _QUANTITY.match(value)):
+    if isinstance(value, str) and (len(value) > QUANTITY_MAX_LENGTH or not _QUANTITY.match(value)):
         raise ValueError(f"{value!r} is not a Kubernetes quantity such as 2, 500m or 16Gi")
     return value
 

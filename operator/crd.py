@@ -15,12 +15,12 @@ from typing import Any
 import yaml
 
 from . import naming
-from .api import TrainingJob
+from .api import QUANTITY_MAX_LENGTH, TrainingJob
 
 INT_OR_STRING = "x-kubernetes-int-or-string"
 VALIDATIONS = "x-kubernetes-validations"
 QUANTITY_RULE = {
-    "rule": "type(self) == int || (string(self).size() <= 64 && isQuantity(string(self)))",
+    "rule": "type(self) == int || isQuantity(string(self))",
     "message": "must be a quantity such as 2, 500m or 16Gi",
 }
 
@@ -89,7 +89,7 @@ def _int_or_string(node: dict[str, Any]) -> dict[str, Any]:
             out[key] = node[key]
     # maxLength applies to the string form only; without it the API server estimates the
     # rule's cost for an unbounded string and refuses the CRD (cost budget exceeded).
-    out["maxLength"] = 64
+    out["maxLength"] = QUANTITY_MAX_LENGTH
     out[VALIDATIONS] = [dict(QUANTITY_RULE)]
     return out
 

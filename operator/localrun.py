@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Literal, Protocol
 
-from kubetrain.trainer.metrics import EVENTS
+from kubetrain.trainer.metrics import parse_record
 
 from . import gang
 from .local import LocalPlan, NodeProcess, free_port
@@ -97,19 +97,6 @@ class RunResult:
             "nodeExitCodes": self.node_exit_codes,
             "plot": self.plot,
         }
-
-
-def parse_record(line: str) -> dict[str, Any] | None:
-    """A rank-0 metrics record, or None for any other line."""
-    if not line.startswith("{"):
-        return None
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    if isinstance(record, dict) and record.get("event") in EVENTS:
-        return record
-    return None
 
 
 def _set_subreaper(on: bool) -> None:

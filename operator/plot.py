@@ -5,12 +5,12 @@ matplotlib comes with the `trainer` extra and is imported only when a plot is dr
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
+from kubetrain.trainer.metrics import METRICS_FILE, parse_record
+
 PLOT_FILE = "metrics.png"
 
 
@@ -35,15 +35,7 @@ def metrics_path(run: Path) -> Path:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a killed process
-        if isinstance(record, dict) and "event" in record:
-            records.append(record)
-    return records
+    return [record for line in path.read_text().splitlines() if (record := parse_record(line)) is not None]
 
 
 def curves(records: list[dict[str, Any]]) -> Curves:

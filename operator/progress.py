@@ -9,29 +9,17 @@ Kubernetes credentials at all.
 
 from __future__ import annotations
 
-import json
 import math
 from datetime import UTC, datetime
 from typing import Any
 
-from .api import LastCheckpoint, Progress
+from kubetrain.trainer.metrics import parse_record
 
-EVENTS = frozenset({"start", "step", "eval", "checkpoint", "resume", "preflight", "done"})
+from .api import LastCheckpoint, Progress
 
 
 def _records(text: str) -> list[dict[str, Any]]:
-    records = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("event") in EVENTS:
-            records.append(record)
-    return records
+    return [record for line in text.splitlines() if (record := parse_record(line)) is not None]
 
 
 def _number(value: Any) -> float | None:

@@ -22,6 +22,22 @@ METRICS_FILE = "metrics.jsonl"
 log = logging.getLogger("kubetrain.trainer")
 
 
+def parse_record(line: str) -> dict[str, Any] | None:
+    """The metrics record on `line`, or None for any other line (a log line, a line cut short
+    by a killed process). The one reader of this format: the local runner, `kubetrain plot`
+    and the operator's progress all use it."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(record, dict) and record.get("event") in EVENTS:
+        return record
+    return None
+
+
 def configure_logging(rank: int, stream: TextIO | None = None) -> None:
     """Rank 0 logs INFO and up; other ranks WARNING and up, prefixed `[rank N]`."""
     handler = logging.StreamHandler(stream or sys.stderr)

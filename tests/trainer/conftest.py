@@ -72,6 +72,13 @@ class Gang:
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
+def spawn(command: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+    """One launch in a session of its own, so cleanup can kill torchrun's workers with it."""
+    return subprocess.Popen(
+        command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+
 def records(stdout: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stdout.splitlines() if line.strip()]
 
@@ -102,17 +109,7 @@ class Launcher:
             if config is not None:
                 env[CONFIG_ENV] = config.to_env_value()
             env.update((env_override or {}).get(rank, {}))
-            gang.procs.append(
-                subprocess.Popen(
-                    [PYTHON, *args],
-                    env=env,
-                    cwd=cwd,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    start_new_session=True,
-                )
-            )
+            gang.procs.append(spawn([PYTHON, *args], env, cwd))
         self.gangs.append(gang)
         return gang
 
@@ -124,19 +121,9 @@ class Launcher:
                 master_addr="127.0.0.1", master_port=free_port(), nnodes=1, node_rank=0, nproc_per_node=nproc
             )
         )
-        env["PET_NPROC_PER_NODE"] = str(nproc)
         if config is not None:
             env[CONFIG_ENV] = config.to_env_value()
-        proc = subprocess.Popen(
-            [TORCHRUN, *args],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        gang = Gang([proc])
+        gang = Gang([spawn([TORCHRUN, *args], env, ROOT)])
         self.gangs.append(gang)
         return gang
 
