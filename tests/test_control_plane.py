@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -19,8 +18,9 @@ from typing import Any
 import pytest
 import yaml
 from cases import INVALID_JOBS, valid_job
-from cluster.controlplane import ControlPlane, find_tool, free_port, free_ports, wait_for
+from cluster.controlplane import ControlPlane, find_tool, free_port, wait_for
 from cluster.kubelet import FakeKubelet
+from cluster.operator_process import OperatorProcess
 from cluster.processnode import ProcessNode
 from kubernetes import client
 
@@ -413,7 +413,6 @@ def test_rendered_gang_is_admitted_as_restricted_and_runs_ddp(
     """The operator's rendered Service and pods pass the real server's validation and the
     `restricted` Pod Security level, and their env contract rendezvouses a 2-rank gloo DDP
     job when the process node runs them."""
-    pytest.importorskip("torch")
     from kubetrain.operator.api import TrainingJob
     from kubetrain.operator.render import render_pods, render_service
 
@@ -444,21 +443,9 @@ def test_end_to_end_apply_operator_pods_training_succeeded(
 ) -> None:
     """kubectl apply -> the operator creates the gang -> the process node runs the real
     trainer under torchrun (gloo, 2 nodes) -> the TrainingJob reports Succeeded."""
-    pytest.importorskip("torch")
-    master_port, health_port = free_ports(2)
+    master_port = free_port()
     doc = job_doc("e2e", masterPort=master_port)
     doc["spec"]["training"] = {**doc["spec"]["training"], "epochs": 1}
-    log_path = tmp_path / "operator.log"
-    argv = [
-        str(Path(sys.executable).parent / "kubetrain"),
-        "operator",
-        f"--namespaces={namespace}",
-        f"--health-port={health_port}",
-        "--metrics-port=0",
-        "--log-format=plain",
-        "--progress-interval=2",
-    ]
-    env = {**os.environ, "KUBECONFIG": str(crds_installed.kubeconfig)}
     custom = client.CustomObjectsApi(kube_api)
 
     def finished() -> str | None:
@@ -466,23 +453,17 @@ def test_end_to_end_apply_operator_pods_training_succeeded(
         phase = job.get("status", {}).get("phase")
         return phase if phase in ("Succeeded", "Failed") else None
 
-    with log_path.open("wb") as log:
-        operator = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    operator = OperatorProcess(crds_installed.kubeconfig, tmp_path / "operator.log", namespaces=namespace).start()
     try:
         with ProcessNode(crds_installed.api_client, namespaces=[namespace], workdir=tmp_path / "node") as node:
             crds_installed.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
-            phase = wait_for(finished, 240, f"the TrainingJob to finish (operator log: {log_path})")
+            phase = wait_for(finished, 240, f"the TrainingJob to finish (operator log: {operator.log_path})")
             rank0 = node.logs(namespace, naming.pod_name("e2e", 0))
-            assert phase == "Succeeded", f"{rank0[-3000:]}\n{log_path.read_text()[-3000:]}"
+            assert phase == "Succeeded", f"{rank0[-3000:]}\n{operator.log()[-3000:]}"
             assert '"event":"done"' in rank0, rank0[-3000:]
             checkpoints = node.workdir / "pods" / namespace / naming.pod_name("e2e", 0) / "volumes" / "checkpoints"
             assert list(checkpoints.glob("step-*")), "rank 0 wrote no checkpoint into its mounted volume"
             assert node.errors == []
     finally:
-        operator.terminate()
-        try:
-            operator.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            operator.kill()
-            operator.wait()
-    assert "Traceback" not in log_path.read_text(), log_path.read_text()[-3000:]
+        operator.stop()
+    assert "Traceback" not in operator.log(), operator.log()[-3000:]

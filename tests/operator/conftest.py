@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from cluster.controlplane import ControlPlane
 from cluster.kubelet import FakeKubelet
+from cluster.operator_process import OperatorProcess
 from kubernetes import client
-from operator_tools import Cluster, OperatorProcess
+from operator_tools import Cluster
 
 
 @pytest.fixture

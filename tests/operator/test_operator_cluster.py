@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from cluster.controlplane import ControlPlane, wait_for
 from cluster.kubelet import FakeKubelet
+from cluster.operator_process import OperatorProcess
 from kubernetes import client
-from operator_tools import Cluster, OperatorProcess, condition, has_condition
+from operator_tools import Cluster, condition, has_condition
 
 from kubetrain.operator import naming
 from kubetrain.operator.api import TrainingJob

@@ -11,7 +11,8 @@ import pytest
 import yaml
 from cluster.controlplane import ControlPlane, find_tool, wait_for
 from cluster.kubelet import FakeKubelet
-from operator_tools import Cluster, OperatorProcess, has_condition
+from cluster.operator_process import OperatorProcess
+from operator_tools import Cluster, has_condition
 
 pytestmark = pytest.mark.cluster
 

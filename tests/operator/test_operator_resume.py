@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 from cluster.controlplane import ControlPlane, free_port, wait_for
+from cluster.operator_process import OperatorProcess
 from cluster.processnode import ProcessNode
-from operator_tools import Cluster, OperatorProcess, has_condition
+from operator_tools import Cluster, has_condition
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -18,7 +19,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 def test_deleted_pod_restarts_the_gang_which_resumes_from_its_checkpoint(
     crds_installed: ControlPlane, cluster: Cluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    pytest.importorskip("torch")
     ns = cluster.namespace
     with ProcessNode(crds_installed.api_client, namespaces=[ns], workdir=tmp_path / "node") as node:
         cluster.create_job(
