@@ -343,11 +343,7 @@ def launch(args: argparse.Namespace) -> None:
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kubetrain-bench-") as scratch:
         out = Path(scratch) / "raw.json"
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = contract.free_port()
         procs = []
         for rank in range(args.ranks):
             env = {k: v for k, v in os.environ.items() if k not in contract.RESERVED_ENV}

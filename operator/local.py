@@ -100,13 +100,6 @@ def apply_overrides(job: TrainingJob, *, nodes: int | None, gpus_per_node: int |
     return parse(document, "the job with --nodes/--gpus-per-node applied")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def visible_gpus(environ: Mapping[str, str] | None = None) -> list[str]:
     """GPU ids this process may use, without importing torch: CUDA_VISIBLE_DEVICES, else nvidia-smi."""
     environ = os.environ if environ is None else environ

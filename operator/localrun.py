@@ -27,10 +27,11 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Literal, Protocol
 
+from kubetrain.trainer.contract import free_port
 from kubetrain.trainer.metrics import parse_record
 
 from . import gang
-from .local import LocalPlan, NodeProcess, free_port
+from .local import LocalPlan, NodeProcess
 
 PR_SET_CHILD_SUBREAPER = 36
 # How often the process groups under each node are noted (a scan of /proc).

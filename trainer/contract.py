@@ -9,6 +9,8 @@ process. A single-process pod also carries RANK and LOCAL_RANK so that a plain
 
 from __future__ import annotations
 
+import socket
+
 from .config import CONFIG_ENV
 
 MASTER_ADDR = "MASTER_ADDR"
@@ -70,3 +72,11 @@ def rendezvous_env(
 # The pod command when a TrainingJob sets none: torchrun (configured entirely by the PET_*
 # mirror) running the built-in trainer, one process per GPU (or one on CPU).
 DEFAULT_COMMAND = ("torchrun", "-m", "kubetrain.trainer", "train")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now, for a rendezvous on one machine."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port

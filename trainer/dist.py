@@ -84,13 +84,6 @@ def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> i
         raise ContractError(f"{name}={raw!r} is not an integer") from None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     """Read and check the contract. With none of it set, a world of one on loopback."""
     environ = os.environ if environ is None else environ
@@ -100,7 +93,7 @@ def read_env(environ: Mapping[str, str] | None = None) -> DistEnv:
                 f"RANK is unset but NPROC_PER_NODE={environ[contract.NPROC_PER_NODE]}: run the script under "
                 "torchrun, which starts one process per GPU and gives each its RANK"
             )
-        port = environ.get(contract.MASTER_PORT) or str(_free_port())
+        port = environ.get(contract.MASTER_PORT) or str(contract.free_port())
         return DistEnv(0, 1, 0, 1, 0, environ.get(contract.MASTER_ADDR, "127.0.0.1"), int(port))
     if contract.RANK not in environ:
         raise ContractError(

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,18 +23,12 @@ import pytest
 
 from kubetrain.trainer import contract
 from kubetrain.trainer.config import CONFIG_ENV, TrainConfig
+from kubetrain.trainer.contract import free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 PYTHON = sys.executable
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def base_env() -> dict[str, str]:
