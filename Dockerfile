@@ -19,8 +19,11 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 FROM ${PYTHON_BASE} AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY api/ api/
 COPY operator/ operator/
+COPY local/ local/
 COPY trainer/ trainer/
+COPY cli/ cli/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # --- operator: kopf + kubernetes client, no torch ---------------------------------------------
@@ -63,14 +66,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY --from=wheel /wheels /tmp/wheels
 # The PyTorch base already has torch (CUDA build) and pip keeps it; a plain Python base gets the
-# pinned CPU build first, so the trainer extra never pulls the CUDA wheels from PyPI.
-# DL3013 reads "$1[trainer]" as an unpinned package; it is the wheel built above.
+# pinned CPU build first, so the worker extra never pulls the CUDA wheels from PyPI.
+# DL3013 reads "$1[worker]" as an unpinned package; it is the wheel built above.
 # hadolint ignore=DL3013
 RUN if ! python -c "import torch" 2>/dev/null; then \
         pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}"; \
     fi \
     && set -- /tmp/wheels/kubetrain-*.whl \
-    && pip install --no-cache-dir "$1[trainer]" \
+    && pip install --no-cache-dir "$1[worker]" \
     && rm -rf /tmp/wheels \
     && python -c "import torch, kubetrain.trainer; print('torch', torch.__version__)" \
     && command -v torchrun

@@ -41,7 +41,7 @@ FEATURES, HIDDEN, BATCH = 256, 1024, 64
 
 
 def _config(directory: str, steps: int, world: int) -> Any:
-    from kubetrain.trainer.config import TrainConfig
+    from kubetrain.api.training import TrainConfig
 
     test_fraction = 0.02
     samples = int(steps * BATCH * world / (1 - test_fraction)) + 4 * BATCH * world
@@ -78,7 +78,7 @@ def _max_over_ranks(value: float) -> float:
 def _kubetrain_run(ctx: Any, directory: str, steps: int) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from kubetrain.trainer.metrics import METRICS_FILE
+    from kubetrain.api.records import METRICS_FILE
     from kubetrain.trainer.train import train
 
     config = _config(directory, steps, ctx.world_size)
@@ -211,9 +211,9 @@ def _checkpoint_run(ctx: Any, directory: str) -> float:
 def worker(args: argparse.Namespace) -> None:
     import torch
 
+    from kubetrain.api.records import configure_logging
     from kubetrain.trainer import dist as kdist
     from kubetrain.trainer.checkpoint import complete_checkpoints
-    from kubetrain.trainer.metrics import configure_logging
 
     torch.set_num_threads(1)
     # On success the ranks meet before tearing down: a rank that exits while its peers still
@@ -337,7 +337,7 @@ def _summary(raw: dict[str, Any], args: argparse.Namespace, wall: float, load: t
 
 def launch(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT))
-    from kubetrain.trainer import contract
+    from kubetrain.api import contract
 
     load = os.getloadavg()
     start = time.monotonic()

@@ -28,12 +28,13 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from . import metrics, naming, progress
-from .api import TrainingJob, TrainingJobStatus
-from .kube import Conflict, Invalid, Kube, Refused
-from .render import render_pod, render_service
-from .settings import OperatorSettings
-from .status import Decision, PodView, StaleView, decide, derive_phase, parse_time, set_condition
+from kubetrain.api import naming, records
+from kubetrain.api.models import TrainingJob, TrainingJobStatus
+from kubetrain.operator import metrics
+from kubetrain.operator.kube import Conflict, Invalid, Kube, Refused
+from kubetrain.operator.render import render_pod, render_service
+from kubetrain.operator.settings import OperatorSettings
+from kubetrain.operator.status import Decision, PodView, StaleView, decide, derive_phase, parse_time, set_condition
 
 log = logging.getLogger("kubetrain.operator")
 Key = tuple[str, str]  # (namespace, job name)
@@ -334,7 +335,7 @@ class Operator:
         except Exception as error:  # no kubelet yet, log rotated, pod gone: try next time
             log.debug("reading the log of %s/%s failed: %s", key[0], rank0.name, error)
             return
-        status.progress, status.last_checkpoint = progress.parse(text, status.progress, status.last_checkpoint)
+        status.progress, status.last_checkpoint = records.fold(text, status.progress, status.last_checkpoint)
 
 
 # --- kopf wiring ----------------------------------------------------------------------------

@@ -23,8 +23,8 @@ from typing import Any
 import aiohttp
 from kubernetes import client, config
 
-from . import naming
-from .metrics import API_WRITES
+from kubetrain.api import naming
+from kubetrain.operator.metrics import API_WRITES
 
 COMPONENT = "kubetrain-operator"
 log = logging.getLogger("kubetrain.operator")

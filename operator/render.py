@@ -3,7 +3,7 @@
 No client, no clock, no randomness: the same job, uid and attempt always render the same
 dicts. The operator creates them; `kubetrain run --local` renders the same pods and runs
 their containers as local processes, so the env contract has exactly one implementation
-(`kubetrain.trainer.contract.rendezvous_env`).
+(`kubetrain.api.contract.rendezvous_env`).
 """
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kubetrain.trainer.config import CONFIG_ENV
-from kubetrain.trainer.contract import DEFAULT_COMMAND, is_reserved, rendezvous_env
-
-from . import naming
-from .api import GPU_RESOURCE, TrainingJob
+from kubetrain.api import naming
+from kubetrain.api.contract import DEFAULT_COMMAND, is_reserved, rendezvous_env
+from kubetrain.api.models import GPU_RESOURCE, TrainingJob
+from kubetrain.api.training import CONFIG_ENV
 
 CHECKPOINT_VOLUME = "checkpoints"
 SHM_VOLUME = "dshm"

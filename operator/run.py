@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .settings import OperatorSettings
+from kubetrain.operator.settings import OperatorSettings
 
 
 def run_operator(settings: OperatorSettings, log_level: str = "info") -> int:
     import kopf
     from prometheus_client import start_http_server
 
-    from . import handlers
-    from .kube import Kube, load_configuration
+    from kubetrain.operator import handlers
+    from kubetrain.operator.kube import Kube, load_configuration
 
     level = getattr(logging, log_level.upper(), logging.INFO)
     kopf.configure(

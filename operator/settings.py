@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from .render import RenderSettings
-from .status import Policy
+from kubetrain.operator.render import RenderSettings
+from kubetrain.operator.status import Policy
 
 
 @dataclass(frozen=True)

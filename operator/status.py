@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from . import naming
-from .api import (
+from kubetrain.api import naming
+from kubetrain.api.models import (
     MAX_FAILURES_KEPT,
     Condition,
     Failure,

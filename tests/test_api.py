@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from cases import BASE_JOB, INVALID_JOBS, valid_job
 
-from kubetrain.operator import manifest, naming
-from kubetrain.operator.api import TrainingJob
-from kubetrain.trainer.config import TrainConfig
-from kubetrain.trainer.contract import RESERVED_ENV
+from kubetrain.api import manifest, naming
+from kubetrain.api.contract import RESERVED_ENV
+from kubetrain.api.models import TrainingJob
+from kubetrain.api.training import TrainConfig
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
 

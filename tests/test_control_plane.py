@@ -24,7 +24,7 @@ from cluster.operator_process import OperatorProcess
 from cluster.processnode import ProcessNode
 from kubernetes import client
 
-from kubetrain.operator import naming
+from kubetrain.api import naming
 
 pytestmark = pytest.mark.cluster
 
@@ -413,7 +413,7 @@ def test_rendered_gang_is_admitted_as_restricted_and_runs_ddp(
     """The operator's rendered Service and pods pass the real server's validation and the
     `restricted` Pod Security level, and their env contract rendezvouses a 2-rank gloo DDP
     job when the process node runs them."""
-    from kubetrain.operator.api import TrainingJob
+    from kubetrain.api.models import TrainingJob
     from kubetrain.operator.render import render_pods, render_service
 
     core = client.CoreV1Api(kube_api)

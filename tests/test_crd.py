@@ -12,7 +12,7 @@ import pytest
 import yaml
 from cases import INVALID_JOBS, valid_job
 
-from kubetrain.operator import crd, manifest, naming
+from kubetrain.api import crd, manifest, naming
 
 ROOT = Path(__file__).parent.parent
 COMMITTED = ROOT / "crds" / f"{naming.CRD_NAME}.yaml"

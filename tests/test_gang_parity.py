@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from kubetrain.operator import gang
-from kubetrain.operator.api import TrainingJob
+from kubetrain.api.models import TrainingJob
+from kubetrain.local import gang
 from kubetrain.operator.render import render_pod
 from kubetrain.operator.status import PodView, decide, get_condition
 

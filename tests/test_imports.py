@@ -1,10 +1,14 @@
-"""Each image ships only its half: the trainer imports without kopf/kubernetes, the operator without torch."""
+"""Each image ships only its part: the API needs neither torch nor kopf, the trainer imports without
+kopf/kubernetes or the CLI's libraries, the operator without torch; the packages import each other
+without cycles (api <- trainer, api <- operator <- local <- cli)."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -37,8 +41,10 @@ PROBE = textwrap.dedent(
 @pytest.mark.parametrize(
     ("package", "blocked"),
     [
-        ("kubetrain.trainer", "kopf,kubernetes,kubetrain.operator"),
-        ("kubetrain.operator", "torch"),
+        ("kubetrain.api", "torch,kopf,kubernetes,typer,rich,matplotlib,kubetrain.operator,kubetrain.trainer"),
+        ("kubetrain.trainer", "kopf,kubernetes,typer,rich,matplotlib,kubetrain.operator,kubetrain.local"),
+        ("kubetrain.operator", "torch,matplotlib,kubetrain.local,kubetrain.trainer"),
+        ("kubetrain.local", "kopf,kubernetes,torch,kubetrain.trainer"),
     ],
 )
 def test_package_imports_without_the_other_half(package: str, blocked: str) -> None:
@@ -65,3 +71,76 @@ def test_the_bare_name_operator_is_still_the_stdlib() -> None:
         cwd=__file__.rsplit("/tests/", 1)[0],
     )
     assert result.stdout.strip() == "3", result.stderr
+
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {
+    "api": "kubetrain.api",
+    "operator": "kubetrain.operator",
+    "local": "kubetrain.local",
+    "trainer": "kubetrain.trainer",
+    "cli": "kubetrain.cli",
+}
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """kubetrain module -> the kubetrain modules it imports at module level (not inside functions:
+    those are the CLI's lazy imports, which cannot form an import-time cycle)."""
+    sources = {
+        (package if path.stem == "__init__" else f"{package}.{path.stem}"): path
+        for folder, package in PACKAGES.items()
+        for path in (ROOT / folder).glob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in sources.items():
+        targets: set[str] = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kubetrain"):
+                # `from kubetrain.api import naming` imports the module kubetrain.api.naming.
+                targets |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in sources else node.module
+                    for a in node.names
+                }
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name.startswith("kubetrain")}
+        graph[name] = targets
+    return graph
+
+
+def test_no_import_cycles_between_modules_or_packages() -> None:
+    graph = _module_imports()
+    assert len(graph) > 20, graph
+
+    def cycle_from(edges: dict[str, set[str]]) -> list[str] | None:
+        state: dict[str, int] = {}
+        stack: list[str] = []
+
+        def visit(node: str) -> list[str] | None:
+            state[node] = 1
+            stack.append(node)
+            for nxt in sorted(edges.get(node, ())):
+                if state.get(nxt) == 1:
+                    return [*stack[stack.index(nxt) :], nxt]
+                if nxt not in state and (found := visit(nxt)):
+                    return found
+            stack.pop()
+            state[node] = 2
+            return None
+
+        for node in sorted(edges):
+            if node not in state and (found := visit(node)):
+                return found
+        return None
+
+    assert cycle_from(graph) is None, f"import cycle: {' -> '.join(cycle_from(graph) or [])}"
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        own = ".".join(module.split(".")[:2])
+        packages.setdefault(own, set()).update(".".join(t.split(".")[:2]) for t in targets)
+        packages[own].discard(own)
+    assert cycle_from(packages) is None, f"package cycle: {' -> '.join(cycle_from(packages) or [])}"
+    # The direction the README's code map states.
+    assert packages["kubetrain.api"] == set(), packages["kubetrain.api"]
+    assert packages["kubetrain.trainer"] <= {"kubetrain.api"}
+    assert packages["kubetrain.operator"] <= {"kubetrain.api"}
+    assert packages["kubetrain.local"] <= {"kubetrain.api", "kubetrain.operator"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kubetrain.operator.crd import reference_markdown
-from kubetrain.trainer.contract import RESERVED_ENV
+from kubetrain.api.contract import RESERVED_ENV
+from kubetrain.api.crd import reference_markdown
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from .config import TrainConfig
+from kubetrain.api.training import TrainConfig
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,11 +32,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kubetrain trainer: invalid configuration: {exc}", file=sys.stderr)
         return 2
     # Import torch only now: `--help` and config errors stay fast.
-    from . import dist as kdist
-    from .checkpoint import CheckpointError
-    from .metrics import MetricsLogger, configure_logging, log
-    from .preflight import PreflightError, run_preflight
-    from .train import train
+    from kubetrain.trainer import dist as kdist
+    from kubetrain.trainer.checkpoint import CheckpointError
+    from kubetrain.trainer.metrics import MetricsLogger, configure_logging, log
+    from kubetrain.trainer.preflight import PreflightError, run_preflight
+    from kubetrain.trainer.train import train
 
     # Only for the log prefix: a malformed RANK is reported by setup() as a contract error.
     raw_rank = os.environ.get("RANK", "")

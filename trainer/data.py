@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 
-from .config import TrainingSpec
+from kubetrain.api.training import TrainingSpec
 
 NUM_CLASSES = 10
 

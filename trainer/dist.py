@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
 
-from . import contract
+from kubetrain.api import contract
 
 # Keys of the contract check, under a prefix of ours in the rendezvous store.
 _STORE_PREFIX = "kubetrain"

@@ -23,12 +23,12 @@ from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .checkpoint import Checkpointer, CheckpointError, latest_checkpoint
-from .config import CONFIG_ENV, TrainConfig
-from .data import ShardedLoader, eval_loader, sharded_loader
-from .dist import ContractError, DistContext, barrier, distributed, finish, setup, teardown
-from .metrics import MetricsLogger, configure_logging
-from .train import accumulate_gradients, evaluate
+from kubetrain.api.training import CONFIG_ENV, TrainConfig
+from kubetrain.trainer.checkpoint import Checkpointer, CheckpointError, latest_checkpoint
+from kubetrain.trainer.data import ShardedLoader, eval_loader, sharded_loader
+from kubetrain.trainer.dist import ContractError, DistContext, barrier, distributed, finish, setup, teardown
+from kubetrain.trainer.metrics import MetricsLogger, configure_logging
+from kubetrain.trainer.train import accumulate_gradients, evaluate
 
 __all__ = [
     "DDP",

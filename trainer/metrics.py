@@ -1,8 +1,5 @@
-"""Rank-0 metrics records and per-rank log lines.
-
-Records are one JSON object per line, on rank 0's stdout and appended to
-`<checkpoint dir>/metrics.jsonl`; the local runner and the operator parse them, so their
-shape is fixed (see EVENTS and the README). Humans read stderr. Other ranks print nothing
+"""Rank-0 metrics records (written here; their format and parser live in
+`kubetrain.api.records`) and per-rank log lines. Humans read stderr. Other ranks print nothing
 on stdout, and only warnings and errors, prefixed with their rank, on stderr.
 """
 
@@ -16,26 +13,9 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-EVENTS = ("start", "step", "eval", "checkpoint", "resume", "preflight", "done")
-METRICS_FILE = "metrics.jsonl"
+from kubetrain.api.records import EVENTS, METRICS_FILE
 
 log = logging.getLogger("kubetrain.trainer")
-
-
-def parse_record(line: str) -> dict[str, Any] | None:
-    """The metrics record on `line`, or None for any other line (a log line, a line cut short
-    by a killed process). The one reader of this format: the local runner, `kubetrain plot`
-    and the operator's progress all use it."""
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    if isinstance(record, dict) and record.get("event") in EVENTS:
-        return record
-    return None
 
 
 def configure_logging(rank: int, stream: TextIO | None = None) -> None:

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from .config import TrainingSpec
+from kubetrain.api.training import TrainingSpec
 
 
 class MLP(nn.Module):

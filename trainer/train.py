@@ -19,12 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .checkpoint import Checkpointer
-from .config import TrainConfig, TrainingSpec
-from .data import eval_loader, load_splits, sharded_loader
-from .dist import DistContext
-from .metrics import MetricsLogger, log
-from .model import build_model
+from kubetrain.api.training import TrainConfig, TrainingSpec
+from kubetrain.trainer.checkpoint import Checkpointer
+from kubetrain.trainer.data import eval_loader, load_splits, sharded_loader
+from kubetrain.trainer.dist import DistContext
+from kubetrain.trainer.metrics import MetricsLogger, log
+from kubetrain.trainer.model import build_model
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -23,7 +23,7 @@ from cluster.controlplane import ControlPlane, free_port, wait_for
 from cluster.kubelet import FakeKubelet
 from deploy_tools import CHART, CLUSTER_ONLY_RULES, NAMESPACED_RULES
 
-from kubetrain.operator import naming
+from kubetrain.api import naming
 
 pytestmark = pytest.mark.cluster
 

@@ -12,8 +12,8 @@ import pytest
 from deploy_tools import ROOT, missing_tool, which
 from packaging.requirements import Requirement
 
+from kubetrain.api.contract import DEFAULT_COMMAND
 from kubetrain.operator.render import RUN_AS_USER
-from kubetrain.trainer.contract import DEFAULT_COMMAND
 
 DOCKERFILE = ROOT / "Dockerfile"
 
@@ -134,7 +134,7 @@ def test_trainer_target() -> None:
     trainer = stages()["trainer"]
     assert trainer[0][1].split()[0] == "${TRAINER_BASE}"
     runs = " ".join(rest for keyword, rest in trainer if keyword == "RUN")
-    assert "[trainer]" in runs and "import torch" in runs
+    assert "[worker]" in runs and "import torch" in runs
     workdirs = [rest for keyword, rest in trainer if keyword == "WORKDIR"]
     assert workdirs[-1] == "/opt/kubetrain", "relative commands such as examples/byo_train.py resolve here"
     assert ("COPY", "examples/ examples/") in trainer

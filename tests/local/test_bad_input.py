@@ -10,7 +10,7 @@ import pytest
 from localrun_helpers import fake_job, run_cli, write_job
 from typer.testing import CliRunner
 
-from kubetrain.operator.cli import app
+from kubetrain.cli.main import app
 
 # Every job's nodes would create this file if anything started.
 MARKER = "started"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kubetrain.operator.gang import Decision, decide
+from kubetrain.local.gang import Decision, decide
 
 CASES = [
     # (exit codes, restarts, maxRestarts, elapsed, deadline, expected)

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from localrun_helpers import DIGITS_CPU, fake_job, write_job
 
-from kubetrain.operator import local, render
-from kubetrain.operator.manifest import load
-from kubetrain.trainer.config import CONFIG_ENV, TrainConfig
+from kubetrain.api.manifest import load
+from kubetrain.api.training import CONFIG_ENV, TrainConfig
+from kubetrain.local import plan as local
+from kubetrain.operator import render
 
 
 def rendered_env(pod: dict[str, object]) -> dict[str, str]:

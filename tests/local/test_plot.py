@@ -7,7 +7,7 @@ from pathlib import Path
 
 from localrun_helpers import run_cli
 
-from kubetrain.operator.plot import curves
+from kubetrain.local.plot import curves
 
 
 def rec(event: str, step: int, **fields: float | str) -> dict[str, object]:

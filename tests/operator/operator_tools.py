@@ -8,7 +8,7 @@ from typing import Any
 
 from cluster.controlplane import wait_for
 
-from kubetrain.operator import naming
+from kubetrain.api import naming
 
 
 class Cluster:

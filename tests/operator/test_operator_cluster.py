@@ -16,8 +16,8 @@ from cluster.operator_process import OperatorProcess
 from kubernetes import client
 from operator_tools import Cluster, condition, has_condition
 
-from kubetrain.operator import naming
-from kubetrain.operator.api import TrainingJob
+from kubetrain.api import naming
+from kubetrain.api.models import TrainingJob
 from kubetrain.operator.render import RenderSettings, render_pod
 
 pytestmark = pytest.mark.cluster

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kubetrain.operator.api import LastCheckpoint, Progress
-from kubetrain.operator.progress import parse
+from kubetrain.api.models import LastCheckpoint, Progress
+from kubetrain.api.records import fold as parse
 
 
 def line(event: str, **fields: Any) -> str:

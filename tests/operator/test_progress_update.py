@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kubetrain.operator.api import TrainingJob, TrainingJobStatus
+from kubetrain.api.models import TrainingJob, TrainingJobStatus
 from kubetrain.operator.handlers import Operator
 from kubetrain.operator.settings import OperatorSettings
 from kubetrain.operator.status import Decision, PodView

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from kubetrain.operator import naming
-from kubetrain.operator.api import TrainingJob
+from kubetrain.api import naming
+from kubetrain.api.contract import DEFAULT_COMMAND, RESERVED_ENV
+from kubetrain.api.models import TrainingJob
+from kubetrain.api.training import TrainConfig
 from kubetrain.operator.render import RenderSettings, render_pod, render_pods, render_service
-from kubetrain.trainer.config import TrainConfig
-from kubetrain.trainer.contract import DEFAULT_COMMAND, RESERVED_ENV
 
 UID = "0b6c3c2e-1111-2222-3333-444455556666"
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kubetrain.operator.api import TrainingJob, TrainingJobStatus
+from kubetrain.api.models import TrainingJob, TrainingJobStatus
 from kubetrain.operator.render import render_pod
 from kubetrain.operator.status import Decision, PodView, StaleView, decide, get_condition, is_true
 

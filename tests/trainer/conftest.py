@@ -1,7 +1,7 @@
 """Helpers for the trainer tests: launch real processes with the operator's env contract.
 
 Each rank is a separate `python` process on 127.0.0.1 with exactly the variables a
-one-process pod gets (kubetrain.trainer.contract.rendezvous_env), one thread each: the
+one-process pod gets (kubetrain.api.contract.rendezvous_env), one thread each: the
 machine is small and shared.
 """
 
@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from kubetrain.trainer import contract
-from kubetrain.trainer.config import CONFIG_ENV, TrainConfig
-from kubetrain.trainer.contract import free_port
+from kubetrain.api import contract
+from kubetrain.api.contract import free_port
+from kubetrain.api.training import CONFIG_ENV, TrainConfig
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

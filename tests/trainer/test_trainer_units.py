@@ -15,7 +15,8 @@ import pytest
 import torch
 from conftest import base_env, free_port
 
-from kubetrain.trainer import contract
+from kubetrain.api import contract
+from kubetrain.api.training import TrainingSpec
 from kubetrain.trainer.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -25,7 +26,6 @@ from kubetrain.trainer.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
-from kubetrain.trainer.config import TrainingSpec
 from kubetrain.trainer.data import load_splits, sharded_loader
 from kubetrain.trainer.dist import ContractError, MasterUnreachableError, read_env, wait_for_master
 from kubetrain.trainer.metrics import MetricsLogger
@@ -267,7 +267,7 @@ def test_trainer_package_imports_without_torch_or_operator_deps() -> None:
     code = textwrap.dedent(
         """
         import sys
-        import kubetrain.trainer, kubetrain.trainer.config, kubetrain.trainer.contract
+        import kubetrain.trainer, kubetrain.api.training, kubetrain.api.contract
         assert "torch" not in sys.modules, "config/contract must stay torch-free"
         import kubetrain.trainer.lib, kubetrain.trainer.train, kubetrain.trainer.preflight, kubetrain.trainer.__main__
         bad = sorted(m for m in sys.modules if m.split(".")[0] in ("kopf", "kubernetes"))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubetrain.trainer.metrics import METRICS_FILE, parse_record
+from kubetrain.api.records import METRICS_FILE, parse_record
 
 PLOT_FILE = "metrics.png"
 

@@ -1,4 +1,9 @@
-"""Rank 0's metrics, read from the tail of its log: a pure parser and merge.
+"""The metrics-record format of rank 0, its one parser and its one fold into progress.
+
+Records are one JSON object per line, on rank 0's stdout and appended to
+`<checkpoint dir>/metrics.jsonl` (the trainer writes them: `kubetrain.trainer.metrics`).
+The local runner, `kubetrain plot` and the operator's progress all read them through
+`parse_record`, so their shape is fixed (see EVENTS and the README).
 
 The trainer's rank 0 prints one JSON object per line (`{"event": "step", "time": ...,
 "step": ..., "loss": ...}`) between ordinary log lines. The operator reads the last lines of
@@ -9,16 +14,33 @@ Kubernetes credentials at all.
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import UTC, datetime
 from typing import Any
 
-from kubetrain.trainer.metrics import parse_record
+from kubetrain.api.models import LastCheckpoint, Progress
 
-from .api import LastCheckpoint, Progress
+EVENTS = ("start", "step", "eval", "checkpoint", "resume", "preflight", "done")
+METRICS_FILE = "metrics.jsonl"
 
 
-def _records(text: str) -> list[dict[str, Any]]:
+def parse_record(line: str) -> dict[str, Any] | None:
+    """The metrics record on `line`, or None for any other line (a log line, a line cut short
+    by a killed process)."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(record, dict) and record.get("event") in EVENTS:
+        return record
+    return None
+
+
+def records_in(text: str) -> list[dict[str, Any]]:
     return [record for line in text.splitlines() if (record := parse_record(line)) is not None]
 
 
@@ -38,7 +60,7 @@ def _time(value: Any) -> datetime | None:
     return datetime.fromtimestamp(number, UTC).replace(microsecond=0) if number is not None else None
 
 
-def parse(
+def fold(
     text: str, previous: Progress | None = None, previous_checkpoint: LastCheckpoint | None = None
 ) -> tuple[Progress | None, LastCheckpoint | None]:
     """Fold the metrics records found in `text` into the previous progress and checkpoint.
@@ -48,7 +70,7 @@ def parse(
     """
     progress = previous.model_copy() if previous is not None else None
     checkpoint = previous_checkpoint
-    for record in _records(text):
+    for record in records_in(text):
         update: dict[str, Any] = {}
         for key, target in (("epoch", "epoch"), ("step", "step"), ("total_steps", "total_steps")):
             if (count := _count(record.get(key))) is not None:

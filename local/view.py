@@ -9,8 +9,8 @@ from typing import IO, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from .local import LOCAL_REWRITES, LocalPlan, NodeProcess
-from .localrun import RunResult
+from kubetrain.local.plan import LOCAL_REWRITES, LocalPlan, NodeProcess
+from kubetrain.local.supervisor import RunResult
 
 
 def _num(value: Any, fmt: str = ".4f") -> str:

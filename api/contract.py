@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import socket
 
-from .config import CONFIG_ENV
+from kubetrain.api.training import CONFIG_ENV
 
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"

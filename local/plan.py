@@ -27,13 +27,12 @@ from typing import Any, TextIO
 
 import yaml
 
-from kubetrain.trainer.config import CONFIG_ENV, TrainConfig
-from kubetrain.trainer.contract import MASTER_ADDR, MASTER_PORT, PET_PREFIX, is_reserved
-
-from . import naming
-from .api import TrainingJob
-from .manifest import InvalidTrainingJob, load, parse
-from .render import render_pods
+from kubetrain.api import naming
+from kubetrain.api.contract import MASTER_ADDR, MASTER_PORT, PET_PREFIX, is_reserved
+from kubetrain.api.manifest import InvalidTrainingJob, load, parse
+from kubetrain.api.models import TrainingJob
+from kubetrain.api.training import CONFIG_ENV, TrainConfig
+from kubetrain.operator.render import render_pods
 
 LOCAL_NAMESPACE = "default"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -343,10 +342,10 @@ def run_local(
     err: TextIO | None = None,
 ) -> int:
     """`kubetrain run FILE --local`; returns the exit code (see localrun.EXIT_*)."""
-    from . import localrun
-    from . import netns as netns_mod
-    from .plot import plot_run
-    from .progress_view import make_view
+    from kubetrain.local import netns as netns_mod
+    from kubetrain.local import supervisor as localrun
+    from kubetrain.local.plot import plot_run
+    from kubetrain.local.view import make_view
 
     out = out or sys.stdout
     err = err or sys.stderr

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from . import naming
-from .api import QUANTITY_MAX_LENGTH, TrainingJob
+from kubetrain.api import naming
+from kubetrain.api.models import QUANTITY_MAX_LENGTH, TrainingJob
 
 INT_OR_STRING = "x-kubernetes-int-or-string"
 VALIDATIONS = "x-kubernetes-validations"

@@ -37,7 +37,7 @@ def crd(
     ] = False,
 ) -> None:
     """Print the TrainingJob CustomResourceDefinition generated from the API models."""
-    from .crd import crd_yaml, reference_markdown
+    from kubetrain.api.crd import crd_yaml, reference_markdown
 
     typer.echo(reference_markdown() if reference else crd_yaml(), nl=False)
 
@@ -45,7 +45,7 @@ def crd(
 @app.command()
 def validate(files: Annotated[list[Path], typer.Argument(help="TrainingJob YAML files.")]) -> None:
     """Validate TrainingJob manifests against the API models (the same checks as the CRD)."""
-    from .manifest import InvalidTrainingJob, load
+    from kubetrain.api.manifest import InvalidTrainingJob, load
 
     failed = False
     for path in files:
@@ -84,7 +84,7 @@ def run(
     if not local:
         typer.echo(f"on a cluster: kubectl apply -f {file}; on this machine: kubetrain run {file} --local", err=True)
         raise typer.Exit(2)
-    from .local import run_local
+    from kubetrain.local.plan import run_local
 
     raise typer.Exit(run_local(file, nodes=nodes, gpus_per_node=gpus_per_node, run_dir=run_dir, netns=netns))
 
@@ -97,7 +97,7 @@ def plot(
     ] = None,
 ) -> None:
     """Draw the loss and accuracy curves of a run from rank 0's metrics."""
-    from .plot import plot_run
+    from kubetrain.local.plot import plot_run
 
     try:
         path = plot_run(run_dir, output)
@@ -160,9 +160,9 @@ def operator_(
 
     Standalone kopf (no peering): run exactly one replica.
     """
-    from .render import RenderSettings
-    from .run import run_operator
-    from .settings import OperatorSettings
+    from kubetrain.operator.render import RenderSettings
+    from kubetrain.operator.run import run_operator
+    from kubetrain.operator.settings import OperatorSettings
 
     settings = OperatorSettings(
         namespaces=tuple(n.strip() for n in namespaces.split(",") if n.strip()),
@@ -174,7 +174,3 @@ def operator_(
         log_format=log_format.value,
     )
     raise typer.Exit(run_operator(settings, log_level=log_level.value))
-
-
-def main() -> None:
-    app()

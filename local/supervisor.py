@@ -27,11 +27,10 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Literal, Protocol
 
-from kubetrain.trainer.contract import free_port
-from kubetrain.trainer.metrics import parse_record
-
-from . import gang
-from .local import LocalPlan, NodeProcess
+from kubetrain.api.contract import free_port
+from kubetrain.api.records import parse_record
+from kubetrain.local import gang
+from kubetrain.local.plan import LocalPlan, NodeProcess
 
 PR_SET_CHILD_SUBREAPER = 36
 # How often the process groups under each node are noted (a scan of /proc).

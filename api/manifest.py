@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .api import TrainingJob
+from kubetrain.api.models import TrainingJob
 
 
 class InvalidTrainingJob(ValueError):

@@ -17,16 +17,15 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.config import JsonDict
 
-from kubetrain.trainer.config import (
+from kubetrain.api import naming
+from kubetrain.api.contract import RESERVED_ENV, RESERVED_ENV_PREFIX, is_reserved
+from kubetrain.api.training import (
     Backend,
     CheckpointConfig,
     StrictModel,
     TrainConfig,
     TrainingSpec,
 )
-from kubetrain.trainer.contract import RESERVED_ENV, RESERVED_ENV_PREFIX, is_reserved
-
-from . import naming
 
 # A Kubernetes quantity: `2`, `500m`, `16Gi`. The API server gives the final verdict.
 QUANTITY_PATTERN = r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]i?|Ki)?$"
