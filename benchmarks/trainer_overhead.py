@@ -211,9 +211,9 @@ def _checkpoint_run(ctx: Any, directory: str) -> float:
 def worker(args: argparse.Namespace) -> None:
     import torch
 
-    from kubetrain.api.records import configure_logging
     from kubetrain.trainer import dist as kdist
     from kubetrain.trainer.checkpoint import complete_checkpoints
+    from kubetrain.trainer.metrics import configure_logging
 
     torch.set_num_threads(1)
     # On success the ranks meet before tearing down: a rank that exits while its peers still

@@ -27,7 +27,7 @@ from kubetrain.trainer.checkpoint import (
     write_checkpoint,
 )
 from kubetrain.trainer.data import load_splits, sharded_loader
-from kubetrain.trainer.dist import ContractError, MasterUnreachableError, read_env, wait_for_master
+from kubetrain.trainer.dist import ContractError, MasterUnreachableError, hold_agent_store, read_env, wait_for_master
 from kubetrain.trainer.metrics import MetricsLogger
 from kubetrain.trainer.model import build_model
 
@@ -96,6 +96,36 @@ def test_connect_retry_returns_once_master_listens() -> None:
         server.bind(("127.0.0.1", 0))
         server.listen()
         assert wait_for_master("127.0.0.1", server.getsockname()[1], 2) < 2
+
+
+@pytest.mark.parametrize(
+    ("environ", "others_arrived", "held_until_arrival"),
+    [
+        # Node 0 of 3 waits for the 2 other agents, counted under torchrun's run id.
+        ({"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "3", "TORCHELASTIC_RUN_ID": "job"}, 2, True),
+        ({"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "3", "TORCHELASTIC_RUN_ID": "job"}, 1, False),
+        ({"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "2"}, 1, True),  # torchrun's default run id "none"
+        # Only node 0 hosts the store; a one-node job has no peer to wait for.
+        ({"GROUP_RANK": "1", "GROUP_WORLD_SIZE": "3", "TORCHELASTIC_RUN_ID": "job"}, 0, None),
+        ({"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1"}, 0, None),
+    ],
+)
+def test_node0_holds_its_agent_until_the_others_wait_in_the_exit_barrier(
+    environ: dict[str, str], others_arrived: int, held_until_arrival: bool | None
+) -> None:
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    store = TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    key = f"{environ.get('TORCHELASTIC_RUN_ID', 'none')}/torchelastic/agent/terminal_state/num_members"
+    store.add(key, others_arrived)
+    start = time.monotonic()
+    held = hold_agent_store(store, environ, timeout_s=0.3, interval_s=0.01)
+    waited = time.monotonic() - start
+    if held_until_arrival is None:  # nothing to wait for
+        assert held and waited < 0.2
+    else:
+        assert held is held_until_arrival
+        assert (waited >= 0.3) is (not held_until_arrival)
 
 
 # --- data and models ------------------------------------------------------------------------
