@@ -15,7 +15,7 @@ fix that needs a user's script to change would show here.
 Counted per run, from the run directory: restarts (summary.json), node exit codes, and in
 the node logs "terminate called" (a C++ abort), "exit barrier" (torchrun's agent losing the
 store at its exit barrier) and "Traceback". Results go to benchmarks/results/teardown_stress.json
-(or --out).
+(or --output).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--load", type=int, default=os.cpu_count() or 1, help="busy-loop processes (default: cores)")
     parser.add_argument("--workloads", default="builtin,byo", help="comma-separated, alternated run by run")
-    parser.add_argument("--out", type=Path, default=RESULT)
+    parser.add_argument("--output", type=Path, default=RESULT, help="result JSON (default: %(default)s)")
     parser.add_argument("--keep", type=Path, help="keep the run directories here (default: a temporary dir)")
     args = parser.parse_args()
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -172,8 +172,8 @@ def main() -> None:
         "totals": totals(runs),
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report["totals"], indent=2))
 
 

@@ -238,6 +238,77 @@ def test_single_rank_checkpointer_restores_rng_and_refuses_other_fingerprint(tmp
     assert message is not None and "written by 1 processes and this run has 2" in message
 
 
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("rank", "every_steps", "every_seconds", "elapsed_s", "step", "agreed_vote", "vote", "due"),
+    [
+        (0, 10, None, 0, 20, False, False, True),  # on the step cadence
+        (0, 10, None, 0, 25, False, False, False),
+        (0, None, 60, 59, 25, False, False, False),  # rank 0's clock: not yet
+        (0, None, 60, 60, 25, False, True, False),  # rank 0 votes; only the agreed vote saves
+        (0, None, 60, 60, 25, True, True, True),
+        (1, None, 60, 600, 25, True, False, True),  # others never vote, but follow the agreed vote
+        (0, None, None, 600, 25, False, False, False),  # no cadence: only the loop's own saves
+    ],
+)
+def test_checkpointer_owns_when_a_save_is_due(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    rank: int,
+    every_steps: int | None,
+    every_seconds: int | None,
+    elapsed_s: float,
+    step: int,
+    agreed_vote: bool,
+    vote: bool,
+    due: bool,
+) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr("kubetrain.trainer.checkpoint.time.monotonic", clock)
+    ckpt = Checkpointer(tmp_path, rank=rank, world_size=1, every_steps=every_steps, every_seconds=every_seconds)
+    clock.now += elapsed_s
+    assert ckpt.time_vote() is vote
+    assert ckpt.due(step, time_vote=agreed_vote) is due
+
+
+def test_a_saved_or_resumed_step_is_not_due_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr("kubetrain.trainer.checkpoint.time.monotonic", clock)
+    ckpt = Checkpointer(tmp_path, rank=0, world_size=1, every_steps=10, every_seconds=60)
+    clock.now += 60
+    ckpt.save(20, {"step": 20})
+    assert ckpt.last_step == 20 and not ckpt.time_vote(), "a save restarts the clock"
+    assert not ckpt.due(20, time_vote=True)
+    resumed = Checkpointer(tmp_path, rank=0, world_size=1, every_steps=10)
+    assert resumed.last_step is None
+    resumed.load()
+    assert resumed.last_step == 20 and not resumed.due(20)
+
+
+def test_log_window_does_not_count_paused_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubetrain.trainer.train import LogWindow
+
+    clock = FakeClock()
+    monkeypatch.setattr("kubetrain.trainer.train.time.perf_counter", clock)
+    window = LogWindow(torch.device("cpu"), world_size=1, samples_per_step=32)
+    clock.now += 2.0  # two steps of 1 s
+    window.add(torch.tensor(1.0))
+    window.add(torch.tensor(3.0))
+    with window.paused():
+        clock.now += 30.0  # a checkpoint and an eval
+    monkeypatch.setattr("kubetrain.trainer.train.dist.all_reduce", lambda tensor: None)  # a world of one
+    fields, vote = window.close(True)
+    assert fields == {"loss": 2.0, "samples_per_s": 32.0, "step_time_s": 1.0}
+    assert vote is True and window.last_loss == 2.0 and window.steps == 0
+
+
 # --- metrics --------------------------------------------------------------------------------
 
 
