@@ -109,13 +109,17 @@ class Controller:
         self.pods, self.services = pods, services
 
     def job_seen(self, body: dict[str, Any]) -> None:
+        self.queue.add(self._remember(body))
+
+    def _remember(self, body: dict[str, Any]) -> Key:
+        """Keep the newest body; a job recreated under the same name starts a new state."""
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         state = self.jobs.get(key)
         if state is None or state.body["metadata"].get("uid") != body["metadata"].get("uid"):
             self.jobs[key] = JobState(body)
         elif _rv(body) >= _rv(state.body):
             state.body = body
-        self.queue.add(key)
+        return key
 
     def job_deleted(self, key: Key) -> None:
         self.jobs.pop(key, None)
@@ -186,7 +190,7 @@ class Controller:
             # from a backup, edited by hand). Never spin; say so and look again later.
             log.warning("%s/%s: %s; waiting for the status or the pods to change", *key, stale)
             return 30.0
-        state.body = fresh
+        self._remember(fresh)
         return 0
 
     async def _read_progress(
