@@ -8,8 +8,8 @@ import asyncio
 from typing import Any
 
 import pytest
+from support.jobs import valid_job
 
-from kubetrain.api import naming
 from kubetrain.operator.controller import Controller, JobState
 from kubetrain.operator.kube import ApiError, Refused
 from kubetrain.operator.refusal import BLOCKED
@@ -52,12 +52,10 @@ class FakeKube:
 def make(**spec: Any) -> tuple[Controller, FakeKube]:
     kube = FakeKube()
     controller = Controller(OperatorSettings(), kube)  # type: ignore[arg-type]
-    metadata = {"name": "j", "namespace": "ns", "uid": "job-uid", "resourceVersion": "1", "generation": 1}
-    spec = {"nodes": 2, "image": "trainer:1", **spec}
+    body = valid_job("j", **spec)
+    body["metadata"].update(namespace="ns", uid="job-uid", resourceVersion="1", generation=1)
     # As job_seen would, without its queue: the tests drive the reconciles themselves.
-    controller.jobs[KEY] = JobState(
-        {"apiVersion": naming.API_VERSION, "kind": naming.KIND, "metadata": metadata, "spec": spec}
-    )
+    controller.jobs[KEY] = JobState(body)
     return controller, kube
 
 

@@ -10,8 +10,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from support.jobs import job_model
+from support.pods import pod_view
 
-from kubetrain.api.models import TrainingJob, TrainingJobStatus
+from kubetrain.api.models import TrainingJobStatus
 from kubetrain.operator import progress
 from kubetrain.operator.controller import Controller, JobState
 from kubetrain.operator.settings import OperatorSettings
@@ -24,8 +26,11 @@ LOG = "\n".join(
 )
 
 
+JOB = job_model("j")
+
+
 def view(rank: int, phase: str, terminating: bool = False) -> PodView:
-    return PodView(f"j-node-{rank}", f"u{rank}", "uid", rank, 0, phase, terminating, T0)
+    return pod_view(JOB, rank, phase=phase, terminating=terminating)
 
 
 RUNNING = [view(0, "Running"), view(1, "Running")]
@@ -66,12 +71,6 @@ def test_fold_keeps_what_a_record_does_not_carry() -> None:
     assert again.progress is not None and (again.progress.loss, again.progress.accuracy) == (0.05, 0.5)
 
 
-def job() -> TrainingJob:
-    return TrainingJob.model_validate(
-        {"apiVersion": "kubetrain.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "j"}, "spec": {"nodes": 2}}
-    )
-
-
 def read_twice(source: Any) -> tuple[Decision, list[str]]:
     calls: list[str] = []
 
@@ -84,8 +83,8 @@ def read_twice(source: Any) -> tuple[Decision, list[str]]:
     decision = Decision(status=TrainingJobStatus(phase="Running"))
 
     async def twice() -> None:
-        await controller._read_progress(("ns", "j"), state, job(), decision, RUNNING)
-        await controller._read_progress(("ns", "j"), state, job(), decision, RUNNING)  # within the interval
+        await controller._read_progress(("ns", "j"), state, JOB, decision, RUNNING)
+        await controller._read_progress(("ns", "j"), state, JOB, decision, RUNNING)  # within the interval
 
     asyncio.run(twice())
     return decision, calls

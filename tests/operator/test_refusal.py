@@ -4,17 +4,17 @@ the API server's own wording (tests/operator/test_refusals_cluster.py sees them 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from support.jobs import valid_job
+from support.pods import JOB_UID, T0, pod_view
 
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
 from kubetrain.operator.refusal import BLOCKED, FAILED, classify, settle
-from kubetrain.operator.status import Decision, PodView, decide, get_condition
+from kubetrain.operator.status import Decision, decide, get_condition
 
-UID = "job-uid"
-T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 T1 = T0 + timedelta(seconds=5)
 SA = 'pods "j-node-0" is forbidden: error looking up service account ns/trainer: serviceaccount "trainer" not found'
 QUOTA = 'pods "j-node-1" is forbidden: exceeded quota: compute, requested: cpu=2, used: cpu=2, limited: cpu=3'
@@ -81,12 +81,8 @@ def test_classify(status: int, message: str, transient: bool, reason: str, names
 
 
 def make_job(status: dict[str, Any] | None = None) -> TrainingJob:
-    doc: dict[str, Any] = {
-        "apiVersion": "kubetrain.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": "j", "namespace": "ns", "uid": UID, "generation": 1},
-        "spec": {"nodes": 2, "runPolicy": {"maxRestarts": 3}},
-    }
+    doc = valid_job("j", runPolicy={"maxRestarts": 3})
+    doc["metadata"].update(namespace="ns", uid=JOB_UID, generation=1)
     if status is not None:
         doc["status"] = status
     return TrainingJob.model_validate(doc)
@@ -100,7 +96,7 @@ def written(status: TrainingJobStatus) -> TrainingJob:
 def fresh() -> tuple[TrainingJobStatus, Decision]:
     """A new job's first pass: it wants the Service and both pods, and counts them as created."""
     job = make_job()
-    return TrainingJobStatus(), decide(job, UID, [], False, T0)
+    return TrainingJobStatus(), decide(job, JOB_UID, [], False, T0)
 
 
 def pair(status: TrainingJobStatus, kind: str) -> tuple[str, str] | None:
@@ -129,7 +125,7 @@ def test_transient_refusal_keeps_the_previous_status_and_shows_the_cause() -> No
 def test_the_same_refusal_again_posts_nothing_and_keeps_the_transition_time() -> None:
     previous, decision = fresh()
     blocked, _ = settle(previous, decision, False, classify(403, SA), False, T0)
-    again = decide(written(blocked), UID, [], False, T1)
+    again = decide(written(blocked), JOB_UID, [], False, T1)
     status, events = settle(blocked, again, False, classify(403, SA), False, T1)
     assert events == [] and status.wire() == blocked.wire()  # nothing to write either
 
@@ -138,7 +134,7 @@ def test_a_new_cause_posts_again_without_moving_the_transition_time() -> None:
     previous, decision = fresh()
     blocked, _ = settle(previous, decision, False, classify(403, SA), False, T0)
     status, events = settle(
-        blocked, decide(written(blocked), UID, [], False, T1), False, classify(403, QUOTA), False, T1
+        blocked, decide(written(blocked), JOB_UID, [], False, T1), False, classify(403, QUOTA), False, T1
     )
     assert pair(status, BLOCKED) == ("True", "QuotaExceeded") and [e.reason for e in events] == [BLOCKED]
     condition = get_condition(status, BLOCKED)
@@ -148,7 +144,7 @@ def test_a_new_cause_posts_again_without_moving_the_transition_time() -> None:
 def test_admitted_after_blocked_clears_the_condition() -> None:
     previous, decision = fresh()
     blocked, _ = settle(previous, decision, False, classify(403, SA), False, T0)
-    again = decide(written(blocked), UID, [], False, T1)
+    again = decide(written(blocked), JOB_UID, [], False, T1)
     status, events = settle(blocked, again, False, None, True, T1)
     assert pair(status, BLOCKED) == ("False", "Admitted") and pair(status, "Created") == ("True", "PodsCreated")
     assert [e.reason for e in events] == ["Created"]  # the decision's own events
@@ -162,7 +158,7 @@ def test_a_job_that_ended_while_blocked_is_no_longer_blocked() -> None:
     blocked, _ = settle(previous, decision, False, classify(403, SA), False, T0)
     suspended = written(blocked).model_copy(deep=True)
     suspended.spec.run_policy.suspend = True
-    status, _ = settle(blocked, decide(suspended, UID, [], False, T1), False, None, False, T1)
+    status, _ = settle(blocked, decide(suspended, JOB_UID, [], False, T1), False, None, False, T1)
     assert pair(status, BLOCKED) == ("False", "Suspended")
 
 
@@ -170,7 +166,7 @@ def test_an_invalid_pod_fails_the_job_at_once() -> None:
     previous, decision = fresh()
     blocked, _ = settle(previous, decision, False, classify(403, SA), False, T0)
     status, events = settle(
-        blocked, decide(written(blocked), UID, [], False, T1), False, classify(422, INVALID), False, T1
+        blocked, decide(written(blocked), JOB_UID, [], False, T1), False, classify(422, INVALID), False, T1
     )
     assert pair(status, "Failed") == ("True", FAILED) and status.phase == "Failed"
     assert status.completion_time == T1 and pair(status, BLOCKED) == ("False", FAILED)
@@ -179,9 +175,9 @@ def test_an_invalid_pod_fails_the_job_at_once() -> None:
 
 def test_a_committed_restart_keeps_its_status_and_events_when_the_new_pods_are_refused() -> None:
     job = make_job({"attempt": 0, "replicas": {"active": 2}})
-    failed = PodView("j-node-0", "p0", UID, 0, 0, "Failed", False, T0, exit_code=1, reason="Error")
-    running = PodView("j-node-1", "p1", UID, 1, 0, "Running", False, T0)
-    restart = decide(job, UID, [failed, running], True, T1)
+    failed = pod_view(job, 0, phase="Failed", exit_code=1)
+    running = pod_view(job, 1, phase="Running")
+    restart = decide(job, JOB_UID, [failed, running], True, T1)
     assert restart.commit_first and restart.status.attempt == 1
     assert job.status is not None
     status, events = settle(job.status, restart, True, classify(403, QUOTA), False, T1)

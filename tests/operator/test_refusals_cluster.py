@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from cluster.controlplane import wait_for
-from cluster.kubelet import FakeKubelet
-from cluster.operator_process import OperatorProcess
 from kubernetes import client
-from operator_tools import Cluster, condition, has_condition
+from support.kubelet import FakeKubelet
+from support.objects import Cluster, condition, has_condition
+from support.operator_process import OperatorProcess
+from support.waiting import wait_for
 
 from kubetrain.operator.refusal import BLOCKED, FAILED
 
