@@ -80,8 +80,8 @@ def test_classify(status: int, message: str, transient: bool, reason: str, names
     assert refusal.message.startswith(names) and refusal.message.endswith(message)  # the server's own words
 
 
-def make_job(status: dict[str, Any] | None = None) -> TrainingJob:
-    doc = valid_job("j", runPolicy={"maxRestarts": 3})
+def make_job(status: dict[str, Any] | None = None, **run_policy: Any) -> TrainingJob:
+    doc = valid_job("j", runPolicy={"maxRestarts": 3, **run_policy})
     doc["metadata"].update(namespace="ns", uid=JOB_UID, generation=1)
     if status is not None:
         doc["status"] = status
@@ -160,6 +160,16 @@ def test_a_job_that_ended_while_blocked_is_no_longer_blocked() -> None:
     suspended.spec.run_policy.suspend = True
     status, _ = settle(blocked, decide(suspended, JOB_UID, [], False, T1), False, None, False, T1)
     assert pair(status, BLOCKED) == ("False", "Suspended")
+
+
+def test_a_job_blocked_for_ever_still_meets_its_deadline() -> None:
+    job = make_job(activeDeadlineSeconds=10)
+    blocked, _ = settle(TrainingJobStatus(), decide(job, JOB_UID, [], False, T0), False, classify(403, SA), False, T0)
+    late = T0 + timedelta(seconds=10)
+    expired = decide(make_job(blocked.wire(), activeDeadlineSeconds=10), JOB_UID, [], False, late)
+    status, events = settle(blocked, expired, False, None, False, late)
+    assert pair(status, "Failed") == ("True", "DeadlineExceeded") and pair(status, BLOCKED) == ("False", "Failed")
+    assert [e.reason for e in events] == ["DeadlineExceeded"]
 
 
 def test_an_invalid_pod_fails_the_job_at_once() -> None:
