@@ -39,6 +39,16 @@ def _int_label(labels: dict[str, str], key: str) -> int | None:
 
 
 @dataclass(frozen=True)
+class PodCondition:
+    """A pod condition, as failurePolicy.rules[].onPodConditions matches it."""
+
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
 class PodView:
     """What reconciling needs to know about one pod."""
 
@@ -60,6 +70,7 @@ class PodView:
     reason: str | None = None
     message: str = ""
     finished: datetime | None = None
+    conditions: tuple[PodCondition, ...] = ()
 
     @classmethod
     def from_pod(cls, pod: dict[str, Any]) -> PodView:
@@ -107,4 +118,8 @@ class PodView:
             reason=reason,
             message=message,
             finished=finished,
+            conditions=tuple(
+                PodCondition(c.get("type", ""), c.get("status", ""), c.get("reason") or "", c.get("message") or "")
+                for c in status.get("conditions") or []
+            ),
         )

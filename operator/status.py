@@ -1,32 +1,46 @@
 """Pure reconcile logic: (job, observed pods, now) → next status and the actions to take.
 
 No client and no clock: `decide()` is a function of its arguments, so every path (gang
-restart, deadline, suspend, TTL) is a table-driven unit test, and the handler only applies
-the `Decision`. Level-based: nothing here depends on which event woke the operator.
+restart, deadline, suspend, TTL, failure policy, hang) is a table-driven unit test, and the
+controller (or the local runner) only applies the `Decision`. Level-based: nothing here
+depends on which event woke the operator. Everything beyond the pods comes from `job.spec`
+and `job.status` (hang detection and the late-crash rule read `status.progress`, which both
+callers fold from rank 0's records with `kubetrain.api.records.fold`).
 
 `decide` is a dispatcher over named stages, each returning the Decision once it decided:
-finished (cleanup and TTL) → suspend → resume → first problem → restart-or-fail → success →
-timeouts → converge (create what is missing, delete older attempts).
+finished (cleanup, TTL) → suspend → resume → first problem → restart-or-fail → success →
+timeouts → stalled → converge (create what is missing, delete older attempts).
 
 Definitions the README repeats:
   * Success: every node's pod of the current attempt exited 0 (phase Succeeded). A job
-    whose rank 0 finished while another rank hangs stays Running until its deadline; a job
-    with any failed pod restarts the gang instead of succeeding.
+    whose rank 0 finished while another rank hangs stays Running until its deadline (or its
+    hangTimeoutSeconds, see the late-crash rule).
   * Gang failure: a pod of the current attempt is Failed (any exit code, evicted), was
     deleted (terminating, or missing after all pods of the attempt had been observed), or is
     stuck waiting (ImagePullBackOff, CrashLoopBackOff, ...) and was scheduled longer than
     `stuck_timeout` ago (Kubernetes records no start of the wait; time waiting for a node
-    does not count). The first failure in time is blamed (earliest finish, then lowest rank).
-  * Gang restart: the failure is recorded, `attempt` and `restarts` go up (the status patch is
-    the commit point and goes first), then every pod of older attempts is deleted and the
-    new attempt's pods are created as their names free up.
+    does not count); or the gang stalled: with `hangTimeoutSeconds`, while the Running
+    condition is True, rank 0's `progress.updatedAt` has not advanced for that long, counted
+    from the later of that time and when the current attempt started running (Running's
+    lastTransitionTime), so an earlier attempt's progress never trips a fresh one. The first
+    failure in time is blamed (earliest finish, then lowest rank).
+  * Late-crash rule (`failures.completed`): when rank 0 recorded `done` (progress.doneAt) and
+    lastCheckpoint holds at least that step, a gang failure does not rerun the job: it
+    succeeds at once with reason CompletedBeforeFailure, the failure named in the message
+    (not recorded in failures[]; the pods still running are cleaned up by cleanPodPolicy).
+  * Failure policy (`failures.judge`): runPolicy.failurePolicy.rules in order, then the
+    defaults (a disruption restarts without counting), then RestartJob. FailJob fails with
+    reason FailurePolicy, the rule named in the message.
+  * Gang restart: the failure is recorded, `attempt` goes up and `restarts` (or, for
+    RestartJobAndIgnoreMaxRestarts, `uncountedRestarts`) too; the status patch is the commit
+    point and goes first, then every pod of older attempts is deleted and the new attempt's
+    pods are created as their names free up.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
 
 from kubetrain.api import naming
 from kubetrain.api.models import (
@@ -38,7 +52,17 @@ from kubetrain.api.models import (
     TrainingJobStatus,
 )
 from kubetrain.operator.conditions import derive_phase, get_condition, is_true, set_condition
-from kubetrain.operator.pods import STUCK_REASONS, TERMINAL_PHASES, PodView, parse_time
+from kubetrain.operator.decision import DEFAULT_POLICY, Decision, Event, Policy, StaleView
+from kubetrain.operator.failures import (
+    FailureKind,
+    completed,
+    describe,
+    failure_of,
+    judge,
+    stall_due,
+    stall_failure,
+)
+from kubetrain.operator.pods import STUCK_REASONS, TERMINAL_PHASES, PodCondition, PodView, parse_time
 
 __all__ = [
     "Decision",
@@ -54,45 +78,8 @@ __all__ = [
     "set_condition",
 ]
 
-MESSAGE_TAIL = 2048
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Operator-wide knobs that are not part of a job's spec."""
-
-    stuck_timeout: timedelta = timedelta(minutes=5)
-
-
-@dataclass(frozen=True)
-class Event:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-@dataclass
-class Decision:
-    status: TrainingJobStatus
-    create_service: bool = False
-    create_ranks: list[int] = field(default_factory=list)
-    # (name, uid): deleted with a uid precondition so that a same-named pod of a newer
-    # attempt is never hit.
-    delete_pods: list[tuple[str, str]] = field(default_factory=list)
-    delete_job: bool = False
-    events: list[Event] = field(default_factory=list)
-    requeue_after: float | None = None
-    # The status must be written before anything is deleted: it records why (the failure,
-    # the new attempt), and a crash after the deletes must not lose that.
-    commit_first: bool = False
-
-    def requeue(self, seconds: float) -> None:
-        seconds = max(seconds, 0.0)
-        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
-
-
-class StaleView(Exception):
-    """Pods of a newer attempt than the status knows: the job body is out of date."""
+# A gang failure and the conditions of the pod it happened to (what onPodConditions matches).
+Problem = tuple[Failure, tuple[PodCondition, ...]]
 
 
 @dataclass
@@ -155,7 +142,7 @@ def decide(
     pods: list[PodView],
     service_exists: bool,
     now: datetime,
-    policy: Policy = Policy(),
+    policy: Policy = DEFAULT_POLICY,
 ) -> Decision:
     run = _observe(job, uid, pods, now, policy)
     if is_true(run.status, "Succeeded") or is_true(run.status, "Failed"):
@@ -171,6 +158,9 @@ def decide(
     timed_out = _timed_out(run)
     if timed_out is not None:
         return _finish(run, False, *timed_out)
+    stall = _stalled(run)
+    if stall is not None:
+        return _restart_or_fail(run, stall, service_exists)
     return _converge(run, service_exists)
 
 
@@ -202,12 +192,12 @@ def _resume(run: _Pass) -> None:
         run.decision.events.append(Event("Normal", "Resumed", "job resumed"))
 
 
-def _first_problem(run: _Pass) -> tuple[PodView, Failure] | None:
+def _first_problem(run: _Pass) -> Problem | None:
     """The gang failure to act on: the first in time (its consequences follow it)."""
     attempt = run.status.attempt
     failed = sorted((p for p in run.current if p.phase == "Failed"), key=lambda p: (p.finished or run.now, p.rank or 0))
     deleted = [p for p in run.ours if p.terminating and p.attempt == attempt]
-    problems = [
+    problems: list[tuple[PodView, FailureKind]] = [
         *((p, "failed") for p in failed),
         *((p, "deleted") for p in [*deleted, *_vanished(run, deleted)]),
         *((p, "stuck") for p in _stuck(run)),
@@ -215,7 +205,7 @@ def _first_problem(run: _Pass) -> tuple[PodView, Failure] | None:
     if not problems:
         return None
     pod, kind = problems[0]
-    return pod, _failure_of(pod, attempt, kind, run.now)
+    return failure_of(pod, attempt, kind, run.now), pod.conditions
 
 
 def _vanished(run: _Pass, deleted: list[PodView]) -> list[PodView]:
@@ -245,20 +235,31 @@ def _stuck(run: _Pass) -> list[PodView]:
     return stuck
 
 
-def _restart_or_fail(run: _Pass, problem: tuple[PodView, Failure], service_exists: bool) -> Decision:
-    _, failure = problem
+def _restart_or_fail(run: _Pass, problem: Problem, service_exists: bool) -> Decision:
+    failure, conditions = problem
     status, policy = run.status, run.run
+    done = completed(status)
+    if done is not None:
+        # The late-crash rule: the work is saved; rerunning it would only redo the last steps.
+        return _finish(run, True, "CompletedBeforeFailure", f"{done}; then {describe(failure)}; not restarted")
+    verdict = judge(policy.failure_policy, failure, conditions)
     status.failures = [*(status.failures or []), failure][-MAX_FAILURES_KEPT:]
     run.decision.commit_first = True
-    if status.restarts >= policy.max_restarts:
-        message = f"{_describe(failure)}; no restarts left (maxRestarts {policy.max_restarts})"
+    if verdict.action == "FailJob":
+        return _finish(run, False, "FailurePolicy", f"{describe(failure)}; failed by {verdict.rule}")
+    counted = verdict.action == "RestartJob"
+    if counted and status.restarts >= policy.max_restarts:
+        message = f"{describe(failure)}; no restarts left (maxRestarts {policy.max_restarts})"
         return _finish(run, False, "BackoffLimitExceeded", message)
-    status.restarts += 1
     status.attempt += 1
-    message = (
-        f"{_describe(failure)}; restarting the whole gang as attempt {status.attempt} "
-        f"(restart {status.restarts} of {policy.max_restarts})"
-    )
+    if counted:
+        status.restarts += 1
+        budget = f"restart {status.restarts} of {policy.max_restarts}"
+    else:
+        status.uncounted_restarts += 1
+        budget = "not counted against maxRestarts"
+    rule = f"; {verdict.rule}" if verdict.rule else ""
+    message = f"{describe(failure)}; restarting the whole gang as attempt {status.attempt} ({budget}{rule})"
     run.condition("Restarting", True, failure.reason, message)
     run.condition("Running", False, "Restarting", message, only_if_present=True)
     run.decision.events.append(Event("Warning", "GangRestart", message))
@@ -295,6 +296,23 @@ def _timed_out(run: _Pass) -> tuple[str, str] | None:
             )
         run.decision.requeue((due - run.now).total_seconds())
     return None
+
+
+def _stalled(run: _Pass) -> Problem | None:
+    """hangTimeoutSeconds: rank 0's progress stood still that long while the gang ran."""
+    timeout, status = run.run.hang_timeout_seconds, run.status
+    running = get_condition(status, "Running")
+    rank0 = _by_rank(run.current).get(0)
+    if timeout is None or running is None or running.status != "True" or rank0 is None:
+        return None
+    due = stall_due(status.progress, running.last_transition_time, timeout)
+    if run.now < due:
+        run.decision.requeue((due - run.now).total_seconds())
+        return None
+    failure = stall_failure(rank0, status.attempt, status.progress, running.last_transition_time, timeout, run.now)
+    run.condition("Stalled", True, "NoProgress", failure.message)
+    run.decision.events.append(Event("Warning", "Stalled", failure.message))
+    return failure, ()
 
 
 def _finish(run: _Pass, success: bool, reason: str, message: str) -> Decision:
@@ -369,8 +387,19 @@ def _converge(run: _Pass, service_exists: bool) -> Decision:
             f"{sum(p.phase == 'Running' for p in run.current)} of {nodes} pods running",
             only_if_present=True,
         )
+    _progress_resumed(run)
     status.phase = derive_phase(status)
     return decision
+
+
+def _progress_resumed(run: _Pass) -> None:
+    """Stalled goes False once rank 0 reports progress newer than the stall."""
+    stalled, progress = get_condition(run.status, "Stalled"), run.status.progress
+    if stalled is None or stalled.status != "True" or progress is None or progress.updated_at is None:
+        return
+    if progress.updated_at > stalled.last_transition_time:
+        message = f"rank 0 reported step {progress.step} at {progress.updated_at:%Y-%m-%dT%H:%M:%SZ}"
+        run.condition("Stalled", False, "ProgressResumed", message)
 
 
 # --- helpers ----------------------------------------------------------------------------
@@ -391,32 +420,3 @@ def _counts(pods: list[PodView]) -> ReplicaCounts:
 
 def _seen(counts: ReplicaCounts | None) -> int:
     return 0 if counts is None else counts.active + counts.succeeded + counts.failed
-
-
-def _failure_of(pod: PodView, attempt: int, kind: str, now: datetime) -> Failure:
-    if kind == "deleted":
-        reason, message = "PodDeleted", f"pod {pod.name} was deleted while the attempt ran"
-    elif kind == "stuck":
-        reason = pod.waiting_reason or "Stuck"
-        message = f"pod {pod.name} waited in {reason} longer than the stuck timeout"
-    else:
-        reason = pod.reason or ("Error" if pod.exit_code else "Failed")
-        message = pod.message
-    return Failure(
-        attempt=attempt,
-        rank=pod.rank,
-        pod=pod.name,
-        node=pod.node,
-        exit_code=pod.exit_code,
-        reason=reason[:256],
-        message=message[-MESSAGE_TAIL:],
-        time=pod.finished or now,
-    )
-
-
-def _describe(failure: Failure) -> str:
-    what = f"node {failure.rank} (pod {failure.pod}"
-    what += f" on {failure.node})" if failure.node else ")"
-    code = f" with exit code {failure.exit_code}" if failure.exit_code is not None else ""
-    detail = f": {failure.message.strip().splitlines()[-1]}" if failure.message.strip() else ""
-    return f"{what} failed{code} ({failure.reason}){detail}"[:1024]

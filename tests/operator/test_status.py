@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kubetrain.api.models import TrainingJob, TrainingJobStatus
+from kubetrain.api.models import LastCheckpoint, Progress, TrainingJob, TrainingJobStatus
 from kubetrain.operator.render import render_pod
 from kubetrain.operator.status import Decision, PodView, StaleView, decide, get_condition, is_true
 
@@ -40,6 +40,8 @@ def pod(
     terminating: bool = False,
     waiting: str | None = None,
     node: str | None = None,
+    conditions: list[dict[str, str]] | None = None,
+    pod_reason: str | None = None,
 ) -> PodView:
     body = render_pod(job, "ns", UID, rank, attempt)
     body["metadata"]["uid"] = f"pod-{rank}-{attempt}"
@@ -54,6 +56,10 @@ def pod(
     elif waiting:
         state = {"waiting": {"reason": waiting}}
     body["status"] = {"phase": phase, "containerStatuses": [{"name": "trainer", "state": state}] if state else []}
+    if conditions:
+        body["status"]["conditions"] = conditions
+    if pod_reason:
+        body["status"]["reason"] = pod_reason
     return PodView.from_pod(body)
 
 
@@ -361,3 +367,254 @@ def test_failure_history_is_bounded() -> None:
         job = advance(job, step(job, [pod(job, 0, attempt=attempt, phase="Failed", exit_code=1)]))
     assert job.status is not None and job.status.restarts == 25 and len(job.status.failures or []) == 20
     assert (job.status.failures or [])[-1].attempt == 24
+
+
+# --- the late-crash rule ----------------------------------------------------------------------
+
+
+def with_progress(job: TrainingJob, *, step: int = 100, done: bool = True, checkpoint: int | None = 100) -> TrainingJob:
+    """The job after the fold of rank 0's records: progress at `step`, maybe `done`, maybe a checkpoint."""
+    assert job.status is not None
+    status = job.status.model_copy(deep=True)
+    status.progress = Progress(step=step, total_steps=100, updated_at=T0, done_at=T0 if done else None)
+    if checkpoint is not None:
+        status.last_checkpoint = LastCheckpoint(path=f"/checkpoints/step-{checkpoint}", step=checkpoint, time=T0)
+    return job.model_copy(update={"status": status})
+
+
+def late_crash(job: TrainingJob) -> list[PodView]:
+    """Rank 0 exited 0, rank 1 aborted at teardown, rank 2 still tearing down."""
+    return [
+        pod(job, 0, phase="Succeeded", exit_code=0),
+        pod(job, 1, phase="Failed", exit_code=134, reason="Error"),
+        pod(job, 2, phase="Running"),
+    ]
+
+
+def test_late_crash_after_done_and_final_checkpoint_succeeds() -> None:
+    job, _ = running_job()
+    job = with_progress(job)
+    d = step(job, late_crash(job), T0 + timedelta(minutes=1))
+    assert d.status.phase == "Succeeded" and cond(d, "Succeeded") == ("True", "CompletedBeforeFailure")
+    message = (get_condition(d.status, "Succeeded") or pytest.fail("no condition")).message
+    assert "done at step 100" in message and "/checkpoints/step-100" in message
+    assert "node 1" in message and "exit code 134" in message and "not restarted" in message
+    assert (d.status.attempt, d.status.restarts, d.status.failures) == (0, 0, None)
+    assert [n for n, _ in d.delete_pods] == ["j-node-2"]  # cleanPodPolicy Running: the one still tearing down
+    assert [e.reason for e in d.events] == ["CompletedBeforeFailure"]
+
+
+@pytest.mark.parametrize(
+    ("done", "checkpoint"),
+    [(True, 90), (True, None), (False, 100)],
+    ids=["final-checkpoint-missing", "no-checkpoint", "no-done-record"],
+)
+def test_late_crash_without_done_and_final_checkpoint_restarts(done: bool, checkpoint: int | None) -> None:
+    job, _ = running_job()
+    job = with_progress(job, done=done, checkpoint=checkpoint)
+    d = step(job, late_crash(job), T0 + timedelta(minutes=1))
+    assert d.status.phase == "Restarting" and d.status.restarts == 1
+
+
+# --- the failure policy -----------------------------------------------------------------------
+
+EXIT_2_FAILS = {"failurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}}]}}
+DISRUPTION = {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet", "message": "evicted"}
+
+
+def message_of(decision: Decision, kind: str) -> str:
+    condition = get_condition(decision.status, kind)
+    assert condition is not None, kind
+    return condition.message
+
+
+def test_fail_job_rule_fails_at_once_naming_the_rule() -> None:
+    job, pods = running_job(runPolicy=EXIT_2_FAILS)
+    pods[1] = pod(job, 1, phase="Failed", exit_code=2, node="n1")
+    d = step(job, pods, T0 + timedelta(minutes=1))
+    assert cond(d, "Failed") == ("True", "FailurePolicy") and d.status.restarts == 0 and d.status.attempt == 0
+    assert "exit code 2" in message_of(d, "Failed")
+    assert message_of(d, "Failed").endswith("failed by failurePolicy.rules[0] (FailJob on exit code 2)")
+    assert [f.exit_code for f in d.status.failures or []] == [2]
+    assert sorted(n for n, _ in d.delete_pods) == ["j-node-0", "j-node-2"]
+
+
+@pytest.mark.parametrize(
+    ("rules", "exit_code", "outcome"),
+    [
+        (EXIT_2_FAILS["failurePolicy"]["rules"], 3, "counted"),  # type: ignore[index]
+        ([{"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [137]}}], 1, "failed"),
+        ([{"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [137]}}], 137, "counted"),
+        ([{"action": "RestartJobAndIgnoreMaxRestarts", "onExitCodes": {"operator": "In", "values": [75]}}], 75, "free"),
+        (
+            [  # the first rule that matches decides
+                {"action": "RestartJob", "onExitCodes": {"operator": "In", "values": [2]}},
+                {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2, 3]}},
+            ],
+            2,
+            "counted",
+        ),
+        ([{"action": "FailJob", "onFailureReasons": ["OOMKilled"]}], 137, "failed"),
+        ([{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]}], 137, "counted"),
+    ],
+)
+def test_exit_code_and_reason_rules(rules: list[dict[str, Any]], exit_code: int, outcome: str) -> None:
+    job, pods = running_job(runPolicy={"failurePolicy": {"rules": rules}})
+    pods[0] = pod(job, 0, phase="Failed", exit_code=exit_code, reason="OOMKilled" if exit_code == 137 else "Error")
+    d = step(job, pods, T0 + timedelta(minutes=1))
+    got = {
+        "Failed": "failed",
+        "Restarting": "counted" if d.status.restarts else "free",
+    }[d.status.phase or ""]
+    assert got == outcome
+    assert d.status.restarts + d.status.uncounted_restarts == (0 if outcome == "failed" else 1)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"phase": "Failed", "exit_code": 137, "conditions": [DISRUPTION]}, "TerminationByKubelet"),
+        ({"phase": "Failed", "pod_reason": "Evicted"}, "Evicted"),  # a kubelet that sets no condition
+        (
+            {
+                "phase": "Running",
+                "terminating": True,
+                "conditions": [{**DISRUPTION, "reason": "PreemptionByScheduler", "message": "preempted"}],
+            },
+            "PreemptionByScheduler",
+        ),
+    ],
+    ids=["disruption-target", "evicted-reason", "preempted-and-deleted"],
+)
+def test_disruptions_restart_without_counting(change: dict[str, Any], reason: str) -> None:
+    job, pods = running_job(runPolicy={"maxRestarts": 0})
+    pods[1] = pod(job, 1, node="n1", **change)
+    d = step(job, pods, T0 + timedelta(minutes=1))
+    assert d.status.phase == "Restarting" and d.status.attempt == 1
+    assert (d.status.restarts, d.status.uncounted_restarts) == (0, 1)
+    assert [f.reason for f in d.status.failures or []] == [reason]
+    assert "not counted against maxRestarts; the default failure policy (RestartJobAndIgnoreMaxRestarts on" in (
+        message_of(d, "Restarting")
+    )
+
+
+def test_a_rule_can_count_disruptions() -> None:
+    rules = [{"action": "RestartJob", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+    job, pods = running_job(runPolicy={"failurePolicy": {"rules": rules}})
+    pods[1] = pod(job, 1, phase="Failed", exit_code=137, conditions=[DISRUPTION])
+    d = step(job, pods, T0 + timedelta(minutes=1))
+    assert (d.status.restarts, d.status.uncounted_restarts) == (1, 0)
+    assert "failurePolicy.rules[0] (RestartJob on pod condition DisruptionTarget)" in message_of(d, "Restarting")
+
+
+def test_stuck_pod_matches_a_reason_rule() -> None:
+    job, pods = running_job(
+        runPolicy={"failurePolicy": {"rules": [{"action": "FailJob", "onFailureReasons": ["ImagePullBackOff"]}]}}
+    )
+    pods[2] = pod(job, 2, waiting="ImagePullBackOff", created=T0 - timedelta(minutes=10))
+    d = step(job, pods, T0)
+    assert cond(d, "Failed") == ("True", "FailurePolicy")
+    assert "failurePolicy.rules[0] (FailJob on reason ImagePullBackOff)" in message_of(d, "Failed")
+
+
+# --- hang detection ---------------------------------------------------------------------------
+
+
+def progressed(job: TrainingJob, at: datetime, step_: int = 50) -> TrainingJob:
+    assert job.status is not None
+    status = job.status.model_copy(deep=True)
+    status.progress = Progress(step=step_, total_steps=100, updated_at=at)
+    return job.model_copy(update={"status": status})
+
+
+def test_no_progress_since_the_gang_started_running_is_a_stall() -> None:
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60})  # Running since T0
+    d = step(job, pods, T0 + timedelta(seconds=30))
+    assert d.requeue_after == pytest.approx(30) and d.status.wire() == job.status.wire()  # type: ignore[union-attr]
+    d = step(job, pods, T0 + timedelta(seconds=60))
+    assert cond(d, "Stalled") == ("True", "NoProgress") and d.status.phase == "Restarting"
+    (failure,) = d.status.failures or []
+    assert (failure.reason, failure.rank, failure.pod, failure.exit_code) == ("Stalled", 0, "j-node-0", None)
+    assert "none since attempt 0 started running at 2026-01-01T12:00:00Z" in failure.message
+    assert d.status.restarts == 1 and d.status.attempt == 1 and len(d.delete_pods) == 3
+    assert [e.reason for e in d.events] == ["Stalled", "GangRestart"]
+
+
+def test_stall_counts_from_the_last_progress_and_names_it() -> None:
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60})
+    job = progressed(job, T0 + timedelta(seconds=100))
+    assert step(job, pods, T0 + timedelta(seconds=150)).requeue_after == pytest.approx(10)
+    d = step(job, pods, T0 + timedelta(seconds=160))
+    assert "last progress: step 50 at 2026-01-01T12:01:40Z" in message_of(d, "Stalled")
+
+
+def test_the_previous_attempts_progress_does_not_trip_a_fresh_attempt() -> None:
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60})
+    job = progressed(job, T0)
+    job = advance(job, step(job, [pod(job, 0, phase="Failed", exit_code=1), *pods[1:]], T0 + timedelta(minutes=5)))
+    job = advance(job, step(job, [], T0 + timedelta(minutes=6)))
+    fresh = [pod(job, r, attempt=1, phase="Running") for r in range(3)]
+    job = advance(job, step(job, fresh, T0 + timedelta(minutes=10)))  # attempt 1 runs from here
+    d = step(job, fresh, T0 + timedelta(minutes=10, seconds=30))
+    assert d.status.attempt == 1 and d.requeue_after == pytest.approx(30)
+    assert step(job, fresh, T0 + timedelta(minutes=11)).status.attempt == 2
+
+
+def test_stalled_clears_when_progress_resumes() -> None:
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60})
+    job = advance(job, step(job, pods, T0 + timedelta(seconds=60)))
+    job = advance(job, step(job, [], T0 + timedelta(seconds=70)))
+    fresh = [pod(job, r, attempt=1, phase="Running") for r in range(3)]
+    job = advance(job, step(job, fresh, T0 + timedelta(seconds=80)))
+    assert cond(step(job, fresh, T0 + timedelta(seconds=85)), "Stalled") == ("True", "NoProgress")
+    d = step(progressed(job, T0 + timedelta(seconds=90), 7), fresh, T0 + timedelta(seconds=91))
+    assert cond(d, "Stalled") == ("False", "ProgressResumed") and "step 7" in message_of(d, "Stalled")
+
+
+@pytest.mark.parametrize(
+    ("rule", "phase", "counts"),
+    [
+        ({"action": "RestartJobAndIgnoreMaxRestarts", "onFailureReasons": ["Stalled"]}, "Restarting", (0, 1)),
+        ({"action": "FailJob", "onFailureReasons": ["Stalled"]}, "Failed", (0, 0)),
+    ],
+)
+def test_stall_follows_the_failure_policy(rule: dict[str, Any], phase: str, counts: tuple[int, int]) -> None:
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60, "failurePolicy": {"rules": [rule]}})
+    d = step(job, pods, T0 + timedelta(seconds=61))
+    assert d.status.phase == phase and (d.status.restarts, d.status.uncounted_restarts) == counts
+
+
+def test_stall_after_done_and_final_checkpoint_succeeds() -> None:
+    job, _ = running_job(runPolicy={"hangTimeoutSeconds": 60})
+    job = with_progress(job)  # done at T0
+    pods = [pod(job, 0, phase="Succeeded", exit_code=0), pod(job, 1, phase="Running"), pod(job, 2, phase="Running")]
+    d = step(job, pods, T0 + timedelta(seconds=60))
+    assert cond(d, "Succeeded") == ("True", "CompletedBeforeFailure") and "Stalled" in message_of(d, "Succeeded")
+    assert sorted(n for n, _ in d.delete_pods) == ["j-node-1", "j-node-2"]
+
+
+@pytest.mark.parametrize("spec", [{}, {"runPolicy": {"hangTimeoutSeconds": 60}}], ids=["off", "gang-not-running"])
+def test_no_stall_without_a_timeout_or_a_running_gang(spec: dict[str, Any]) -> None:
+    job, pods = running_job(**spec)
+    if spec:
+        pods[2] = pod(job, 2, phase="Pending")  # e.g. a pod being replaced: the Running condition goes False
+        job = advance(job, step(job, pods, T0 + timedelta(seconds=1)))
+    d = step(job, pods, T0 + timedelta(days=1))
+    assert d.status.attempt == 0 and not is_true(d.status, "Stalled")
+
+
+def test_steady_state_is_a_fixed_point_with_every_policy() -> None:
+    rules = [
+        {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}},
+        {"action": "RestartJobAndIgnoreMaxRestarts", "onFailureReasons": ["Stalled"]},
+    ]
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 600, "failurePolicy": {"rules": rules}})
+    job = advance(job, step(job, [pod(job, 1, phase="Failed", exit_code=1, conditions=[DISRUPTION])]))
+    job = advance(job, step(job, [], T0 + timedelta(seconds=5)))
+    pods = [pod(job, r, attempt=1, phase="Running") for r in range(3)]
+    job = advance(job, step(job, pods, T0 + timedelta(seconds=10)))
+    job = with_progress(job, step=40, done=False, checkpoint=40)
+    d = step(job, pods, T0 + timedelta(seconds=20))
+    assert not d.create_ranks and not d.delete_pods and not d.events and not d.create_service
+    assert d.status.wire() == job.status.wire()  # type: ignore[union-attr]
+    assert (d.status.uncounted_restarts, d.status.attempt) == (1, 1)
