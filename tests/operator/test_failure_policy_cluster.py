@@ -3,11 +3,17 @@ as a subprocess, pods moved by the FakeKubelet. Every wait has a deadline; nothi
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from datetime import datetime
+from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import pytest
 from support.kubelet import FakeKubelet
+from support.kubelet_logs import KubeletLogs
 from support.objects import Cluster, condition, has_condition
 from support.operator_process import OperatorProcess
 
@@ -103,3 +109,73 @@ def test_a_gang_without_progress_goes_stalled_and_restarts(
     reasons = [e.reason for e in cluster.events("hung")]
     assert "Stalled" in reasons and "GangRestart" in reasons
     cluster.wait_pods("hung", 2, attempt=1)
+
+
+class Rank0:
+    """A stand-in for rank 0's trainer: a step record on its log twice a second until stopped."""
+
+    def __init__(self, logs: KubeletLogs, pod: str) -> None:
+        self.logs, self.pod = logs, pod
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._train, name=f"rank0-{pod}", daemon=True)
+        self.stopped_at = 0.0
+
+    def _train(self) -> None:
+        step = 0
+        while not self.stop.wait(0.5):
+            step += 1
+            record = {"event": "step", "time": time.time(), "step": step, "epoch": 0, "total_steps": 1000}
+            self.logs.write(self.pod, json.dumps(record))
+
+    def __enter__(self) -> Rank0:
+        self.thread.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.stopped_at = time.time()
+
+
+def test_rank_zero_that_stops_logging_goes_stalled_and_restarts(
+    cluster: Cluster, operator: OperatorProcess, kubelet: FakeKubelet, kube_api: Any, tmp_path: Path
+) -> None:
+    """`kubelet` (the fixture) finishes deletions; `node` binds the pods to a node whose kubelet
+    endpoint serves rank 0's log, as a real one would."""
+    hang = 8
+    node = FakeKubelet(kube_api, node_name="kubetrain-log-node")
+    with KubeletLogs(node, tmp_path) as logs:
+        cluster.create_job("quiet", nodes=2, runPolicy={"hangTimeoutSeconds": hang})
+        with Rank0(logs, "quiet-node-0") as rank0:
+            for pod in cluster.wait_pods("quiet", 2, attempt=0):
+                node.run(cluster.namespace, pod.metadata.name)
+            # Logging for well over the timeout (two records a second): no stall.
+            steps = 2 * (hang + 2 * PROGRESS_INTERVAL)
+
+            def logged(job: dict[str, Any]) -> bool:
+                return int((status(job).get("progress") or {}).get("step", 0)) >= steps
+
+            job = cluster.wait_job("quiet", logged, f"progress past step {steps}", timeout=60)
+            assert status(job)["attempt"] == 0 and condition(job, "Stalled") is None
+
+        job = cluster.wait_job("quiet", has_condition("Stalled"), "Stalled", timeout=hang + 30)
+        (failure,) = status(job)["failures"]
+        progress = status(job)["progress"]
+        assert (failure["reason"], failure["rank"], status(job)["restarts"]) == ("Stalled", 0, 1)
+        assert f"last progress: step {progress['step']} at {progress['updatedAt']}" in failure["message"]
+        stalled_at = time_of(failure["time"])
+        assert (stalled_at - time_of(progress["updatedAt"])).total_seconds() >= hang
+        assert stalled_at.timestamp() <= rank0.stopped_at + hang + PROGRESS_INTERVAL + 1
+
+        # The next attempt logs again from its checkpoint: Stalled clears, nothing restarts.
+        pods = cluster.wait_pods("quiet", 2, attempt=1)
+        logs.clear("quiet-node-0")
+        with Rank0(logs, "quiet-node-0"):
+            for pod in pods:
+                node.run(cluster.namespace, pod.metadata.name)
+            job = cluster.wait_job(
+                "quiet", has_condition("Stalled", "False", reason="ProgressResumed"), "progress resumed", timeout=30
+            )
+        assert status(job)["attempt"] == 1 and status(job)["restarts"] == 1
