@@ -77,7 +77,7 @@ def failure_of(pod: PodView, attempt: int, kind: FailureKind, now: datetime) -> 
     )
 
 
-def _at(time: datetime) -> str:
+def stamp(time: datetime) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -86,9 +86,9 @@ def stall_failure(
 ) -> Failure:
     """The failure a stall records: how long, and the last progress rank 0 reported."""
     if progress is not None and progress.updated_at is not None and progress.updated_at > running_since:
-        last = f"last progress: step {progress.step} at {_at(progress.updated_at)}"
+        last = f"last progress: step {progress.step} at {stamp(progress.updated_at)}"
     else:
-        last = f"none since attempt {attempt} started running at {_at(running_since)}"
+        last = f"none since attempt {attempt} started running at {stamp(running_since)}"
     message = f"rank 0 (pod {rank0.name}) reported no progress for hangTimeoutSeconds={timeout}; {last}"
     return Failure(
         attempt=attempt, rank=rank0.rank, pod=rank0.name, node=rank0.node, reason="Stalled", message=message, time=now
@@ -172,6 +172,6 @@ def completed(status: TrainingJobStatus) -> str | None:
     if checkpoint.step < progress.step:
         return None
     return (
-        f"rank 0 recorded done at step {progress.step} ({_at(progress.done_at)}) and checkpoint "
+        f"rank 0 recorded done at step {progress.step} ({stamp(progress.done_at)}) and checkpoint "
         f"{checkpoint.path} holds step {checkpoint.step}"
     )

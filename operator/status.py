@@ -61,6 +61,7 @@ from kubetrain.operator.failures import (
     judge,
     stall_due,
     stall_failure,
+    stamp,
 )
 from kubetrain.operator.pods import STUCK_REASONS, TERMINAL_PHASES, PodCondition, PodView, parse_time
 
@@ -398,7 +399,7 @@ def _progress_resumed(run: _Pass) -> None:
     if stalled is None or stalled.status != "True" or progress is None or progress.updated_at is None:
         return
     if progress.updated_at > stalled.last_transition_time:
-        message = f"rank 0 reported step {progress.step} at {progress.updated_at:%Y-%m-%dT%H:%M:%SZ}"
+        message = f"rank 0 reported step {progress.step} at {stamp(progress.updated_at)}"
         run.condition("Stalled", False, "ProgressResumed", message)
 
 
