@@ -601,3 +601,24 @@ def test_steady_state_is_a_fixed_point_with_every_policy() -> None:
     assert not d.create_ranks and not d.delete_pods and not d.events and not d.create_service
     assert d.status.wire() == job.status.wire()  # type: ignore[union-attr]
     assert (d.status.uncounted_restarts, d.status.attempt) == (1, 1)
+
+
+def test_pod_views_built_field_by_field_take_the_same_rules() -> None:
+    """The local runner builds PodViews from processes (no conditions, no node): the late-crash
+    rule and the blame (earliest finish, then lowest rank) hold for them too."""
+
+    def process(rank: int, phase: str, exit_code: int | None = None, finished: datetime | None = None) -> PodView:
+        return PodView(
+            f"j-node-{rank}", f"p{rank}", UID, rank, 0, phase, False, T0, exit_code=exit_code, finished=finished
+        )
+
+    job, _ = running_job()
+    crashed = [
+        process(0, "Running"),
+        process(1, "Failed", 134, T0 + timedelta(seconds=2)),
+        process(2, "Failed", 1, T0 + timedelta(seconds=1)),
+    ]
+    d = step(job, crashed, T0 + timedelta(seconds=3))
+    assert [(f.rank, f.exit_code, f.reason) for f in d.status.failures or []] == [(2, 1, "Error")]
+    d = step(with_progress(job), crashed, T0 + timedelta(seconds=3))
+    assert cond(d, "Succeeded") == ("True", "CompletedBeforeFailure") and "node 2" in message_of(d, "Succeeded")
