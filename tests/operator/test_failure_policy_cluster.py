@@ -16,6 +16,7 @@ from support.kubelet import FakeKubelet
 from support.kubelet_logs import KubeletLogs
 from support.objects import Cluster, condition, has_condition
 from support.operator_process import OperatorProcess
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -106,8 +107,12 @@ def test_a_gang_without_progress_goes_stalled_and_restarts(
     # On time: the operator requeues for the moment the timeout passes (times have 1 s resolution).
     late = (time_of(failure["time"]) - time_of(running["lastTransitionTime"])).total_seconds()
     assert hang <= late <= hang + PROGRESS_INTERVAL + 1
-    reasons = [e.reason for e in cluster.events("hung")]
-    assert "Stalled" in reasons and "GangRestart" in reasons
+    # Events are posted after the status write that carries them.
+    wait_for(
+        lambda: {"Stalled", "GangRestart"} <= {e.reason for e in cluster.events("hung")},
+        10,
+        "the Stalled and GangRestart Events",
+    )
     cluster.wait_pods("hung", 2, attempt=1)
 
 
