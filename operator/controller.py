@@ -170,9 +170,13 @@ class Controller:
         now = datetime.now(UTC).replace(microsecond=0)
         try:
             decision = decide(job, body["metadata"]["uid"], pods, service_exists, now, self.settings.policy)
+            if progress.recheck(job.status, decision.status) and (text := await self._read_rank0(key, state, pods)):
+                job = job.model_copy(update={"status": progress.fold(job.status or TrainingJobStatus(), text)})
+                decision = decide(job, body["metadata"]["uid"], pods, service_exists, now, self.settings.policy)
+            else:
+                await self._read_progress(key, state, job, decision, pods)
         except StaleView as stale:
             return await self._reread(key, state, stale)
-        await self._read_progress(key, state, job, decision, pods)
         try:
             return await self._apply(key, state, job, decision)
         except Conflict:
@@ -196,21 +200,27 @@ class Controller:
     async def _read_progress(
         self, key: Key, state: JobState, job: TrainingJob, decision: Decision, pods: list[PodView]
     ) -> None:
+        """Fold rank 0's newest records into the decided status when a read is due."""
         loop = asyncio.get_running_loop()
         since = None if state.progress_read_at is None else loop.time() - state.progress_read_at
         interval = self.settings.progress_interval_seconds
         pod, requeue = progress.due(job.status, decision.status, pods, since, interval)
         if requeue is not None:
             decision.requeue(requeue)
-        if pod is None:
-            return
-        state.progress_read_at = loop.time()
+        if pod is not None and (text := await self._read_log(key, state, pod)):
+            decision.status = progress.fold(decision.status, text)
+
+    async def _read_rank0(self, key: Key, state: JobState, pods: list[PodView]) -> str | None:
+        pod = progress.rank0(pods)
+        return None if pod is None else await self._read_log(key, state, pod)
+
+    async def _read_log(self, key: Key, state: JobState, pod: str) -> str | None:
+        state.progress_read_at = asyncio.get_running_loop().time()
         try:
-            text = await self.log_source(key[0], pod)
+            return await self.log_source(key[0], pod)
         except Exception as error:  # no kubelet yet, log rotated, pod gone: try next time
             log.debug("reading the log of %s/%s failed: %s", key[0], pod, error)
-            return
-        decision.status = progress.fold(decision.status, text)
+            return None
 
     # --- apply --------------------------------------------------------------------------
     async def _apply(self, key: Key, state: JobState, job: TrainingJob, decision: Decision) -> float | None:

@@ -5,14 +5,18 @@ refused creation is retried (backoff, one event, the successes of the same pass 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from support.jobs import valid_job
 
+from kubetrain.api.models import TrainingJob
 from kubetrain.operator.controller import Controller, JobState
 from kubetrain.operator.kube import ApiError, Refused
 from kubetrain.operator.refusal import BLOCKED
+from kubetrain.operator.render import RenderSettings, render_pod
 from kubetrain.operator.settings import OperatorSettings
 
 KEY = ("ns", "j")
@@ -120,3 +124,49 @@ def test_a_server_error_is_raised_for_the_work_queue_after_the_successes_are_exp
     with pytest.raises(ApiError):
         reconcile(controller)
     assert kube.statuses == [] and list(controller.jobs[KEY].expectations.creations) == ["uid-j-node-0"]
+
+
+def pod(controller: Controller, rank: int, phase: str, exit_code: int) -> dict[str, Any]:
+    """Node `rank`'s pod of attempt 0 as the index holds it once its container exited."""
+    job = TrainingJob.model_validate(controller.jobs[KEY].body)
+    body = render_pod(job, "ns", "job-uid", rank, 0, RenderSettings())
+    body["metadata"].update(uid=f"uid-{rank}", creationTimestamp="2026-01-01T12:00:00Z")
+    terminated = {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed", "message": ""}
+    body["status"] = {"phase": phase, "containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}]}
+    return body
+
+
+def finished(reason: str) -> float:
+    return REGISTRY.get_sample_value("kubetrain_trainingjobs_finished_total", {"reason": reason}) or 0.0
+
+
+def record(event: str, **fields: Any) -> str:
+    return json.dumps({"event": event, "time": 1.8e9, "epoch": 1, "total_steps": 100, **fields})
+
+
+def test_a_crash_at_teardown_after_done_is_read_before_restarting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 aborts at teardown after rank 0 wrote its final checkpoint and `done`, after the last
+    periodic read: the controller reads rank 0's log before acting on the failure, and the
+    late-crash rule finishes the job instead of restarting the gang."""
+    before = finished("CompletedBeforeFailure")
+    controller, kube = make()
+    running = {"attempt": 0, "replicas": {"active": 2, "ready": 2}, "progress": {"step": 90, "totalSteps": 100}}
+    controller.jobs[KEY].body["status"] = running
+    controller.pods = {KEY: [pod(controller, 0, "Succeeded", 0), pod(controller, 1, "Failed", 134)]}
+    controller.services = {KEY: ["j"]}
+    reads: list[str] = []
+
+    async def logs(namespace: str, name: str) -> str:
+        reads.append(name)
+        return "\n".join([record("checkpoint", step=100, path="/ckpt/step-100"), record("done", step=100)])
+
+    controller.log_source = logs
+    reconcile(controller)
+    assert reads == ["j-node-0"]
+    status = kube.statuses[-1]
+    succeeded = next(c for c in status["conditions"] if c["type"] == "Succeeded")
+    assert succeeded["reason"] == "CompletedBeforeFailure"
+    assert "rank 0 recorded done at step 100" in succeeded["message"]
+    assert status["attempt"] == 0 and status["restarts"] == 0 and "failures" not in status
+    assert ("Normal", "CompletedBeforeFailure") in kube.events and ("Warning", "GangRestart") not in kube.events
+    assert finished("CompletedBeforeFailure") == before + 1

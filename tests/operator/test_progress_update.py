@@ -62,6 +62,28 @@ def test_due(
     assert progress.due(previous, status, pods, since, 15.0) == expected
 
 
+FAILURE = {"attempt": 0, "rank": 1, "pod": "j-node-1", "reason": "Error", "time": T0}
+DONE = {"step": 100, "doneAt": T0}
+SAVED = {"path": "/ckpt/step-100", "step": 100}
+
+
+@pytest.mark.parametrize(
+    ("stored", "decided", "expected"),
+    [
+        ({}, {"failures": [FAILURE]}, True),  # a new failure: read before restarting
+        ({"failures": [FAILURE]}, {"failures": [FAILURE]}, False),  # recorded before: nothing new
+        ({"failures": [FAILURE]}, {"failures": [FAILURE, {**FAILURE, "attempt": 1}]}, True),
+        ({}, {}, False),
+        # The stored status shows the work complete already: decide applied the late-crash rule.
+        ({"progress": DONE, "lastCheckpoint": SAVED}, {"failures": [FAILURE]}, False),
+        ({"progress": DONE, "lastCheckpoint": {**SAVED, "step": 90}}, {"failures": [FAILURE]}, True),
+    ],
+)
+def test_recheck(stored: dict[str, Any], decided: dict[str, Any], expected: bool) -> None:
+    previous = TrainingJobStatus.model_validate(stored)
+    assert progress.recheck(previous, TrainingJobStatus.model_validate(decided)) is expected
+
+
 def test_fold_keeps_what_a_record_does_not_carry() -> None:
     status = TrainingJobStatus(phase="Running")
     folded = progress.fold(status, "a log line\n" + LOG)
