@@ -170,3 +170,20 @@ def test_a_crash_at_teardown_after_done_is_read_before_restarting(monkeypatch: p
     assert status["attempt"] == 0 and status["restarts"] == 0 and "failures" not in status
     assert ("Normal", "CompletedBeforeFailure") in kube.events and ("Warning", "GangRestart") not in kube.events
     assert finished("CompletedBeforeFailure") == before + 1
+
+
+def test_a_fail_job_rule_is_counted_as_finished_by_its_reason() -> None:
+    rule = {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}}
+    controller, kube = make(runPolicy={"maxRestarts": 3, "failurePolicy": {"rules": [rule]}})
+    controller.jobs[KEY].body["status"] = {"attempt": 0, "replicas": {"active": 2, "ready": 2}}
+    controller.pods = {KEY: [pod(controller, 0, "Failed", 2), pod(controller, 1, "Failed", 2)]}
+    controller.services = {KEY: ["j"]}
+    before = finished("FailurePolicy")
+
+    async def no_records(namespace: str, name: str) -> str:
+        return "a log line without metrics records"
+
+    controller.log_source = no_records
+    reconcile(controller)
+    assert kube.statuses[-1]["phase"] == "Failed" and ("Warning", "FailurePolicy") in kube.events
+    assert finished("FailurePolicy") == before + 1
