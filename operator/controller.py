@@ -170,6 +170,7 @@ class Controller:
         now = datetime.now(UTC).replace(microsecond=0)
         try:
             decision = decide(job, body["metadata"]["uid"], pods, service_exists, now, self.settings.policy)
+            # A gang failure: rank 0 may have recorded `done` since the last read (progress.py).
             if progress.recheck(job.status, decision.status) and (text := await self._read_rank0(key, state, pods)):
                 job = job.model_copy(update={"status": progress.fold(job.status or TrainingJobStatus(), text)})
                 decision = decide(job, body["metadata"]["uid"], pods, service_exists, now, self.settings.policy)
