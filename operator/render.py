@@ -16,10 +16,10 @@ from kubetrain.api.contract import DEFAULT_COMMAND, is_reserved, rendezvous_env
 from kubetrain.api.models import GPU_RESOURCE, TrainingJob
 from kubetrain.api.training import CONFIG_ENV
 
-CHECKPOINT_VOLUME = "checkpoints"
-SHM_VOLUME = "dshm"
-SHM_PATH = "/dev/shm"
-MANAGED_BY = "kubetrain-operator"
+CHECKPOINT_VOLUME = naming.CHECKPOINT_VOLUME
+SHM_VOLUME = naming.SHM_VOLUME
+SHM_PATH = naming.SHM_PATH
+MANAGED_BY = naming.MANAGED_BY
 # Pod Security "restricted" wants a non-root user; the images (Dockerfile) run as this uid, and
 # fsGroup makes a fresh checkpoint volume writable by it.
 RUN_AS_USER = 10001
@@ -54,7 +54,7 @@ def pod_labels(job: TrainingJob, uid: str, node_rank: int, attempt: int) -> dict
         naming.LABEL_NODE_RANK: str(node_rank),
         naming.LABEL_ATTEMPT: str(attempt),
         naming.LABEL_ROLE: naming.role(node_rank),
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        naming.LABEL_MANAGED_BY: MANAGED_BY,
     }
 
 
@@ -71,7 +71,7 @@ def render_service(job: TrainingJob, namespace: str, uid: str) -> dict[str, Any]
             "labels": {
                 **selector_labels(job.name),
                 naming.LABEL_JOB_UID: uid,
-                "app.kubernetes.io/managed-by": MANAGED_BY,
+                naming.LABEL_MANAGED_BY: MANAGED_BY,
             },
             "ownerReferences": [owner_reference(job, uid)],
         },
