@@ -156,12 +156,16 @@ def _drop_zero_defaults(node: Any, keep: frozenset[str] = frozenset()) -> None:
             _drop_zero_defaults(value)
 
 
-def structural(openapi: dict[str, Any], version: str = KUBERNETES_VERSION) -> dict[str, Any]:
-    """The snapshot: `VENDORED` fields as structural schemas, `$ref`s resolved, from an
+def structural(
+    openapi: dict[str, Any],
+    version: str = KUBERNETES_VERSION,
+    vendored: dict[str, tuple[str, tuple[str, ...]]] = VENDORED,
+) -> dict[str, Any]:
+    """The snapshot: the `vendored` fields as structural schemas, `$ref`s resolved, from an
     apiserver's `/openapi/v3/api/v1` document."""
     schemas = openapi["components"]["schemas"]
     snapshot: dict[str, Any] = {"kubernetesVersion": version, "source": SOURCE}
-    for group, (owner, fields) in VENDORED.items():
+    for group, (owner, fields) in vendored.items():
         properties = schemas[owner]["properties"]
         snapshot[group] = {field: _structural(properties[field], schemas, (owner,)) for field in fields}
     _drop_zero_defaults(snapshot)

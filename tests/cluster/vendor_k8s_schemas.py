@@ -18,7 +18,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from cluster import controlplane  # noqa: E402
+from support import controlplane  # noqa: E402
+
 from kubetrain.api import k8s_schemas  # noqa: E402
 
 

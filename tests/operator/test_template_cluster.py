@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 import yaml
-from cluster.controlplane import ControlPlane, wait_for
-from cluster.operator_process import OperatorProcess
 from kubernetes import client
-from operator_tools import Cluster, condition, has_condition
+from support.controlplane import ControlPlane
+from support.objects import Cluster, condition, has_condition
+from support.operator_process import OperatorProcess
+from support.waiting import wait_for
 
 from kubetrain.api.models import TrainingJob
 from kubetrain.operator.render import RenderSettings, render_pod
