@@ -55,7 +55,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # The fields that define the computation of a running job. Changing them would make the
 # next gang restart resume a checkpoint with another model, data or world size, so the API
 # server refuses the update (CEL transition rules below). runPolicy, nodeSelector,
-# tolerations, resources, env, shmSize, imagePullPolicy and serviceAccountName stay mutable
+# tolerations, resources, env, shmSize, imagePullPolicy, serviceAccountName and template stay mutable
 # (Kueue rewrites nodeSelector/tolerations of a suspended job); they apply from the next
 # attempt on.
 IMMUTABLE_FIELDS = (

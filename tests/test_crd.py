@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,13 @@ def test_spec_has_immutability_and_cross_field_rules() -> None:
     assert any("nccl" in rule for rule in rules)
     root_rules = [rule["rule"] for rule in schema()["x-kubernetes-validations"]]
     assert any(f"<= {naming.MAX_JOB_NAME}" in rule for rule in root_rules)
+
+
+def test_crd_fits_a_client_side_apply() -> None:
+    """`kubectl apply` (client-side) stores the whole object as JSON in an annotation of at most
+    256 KiB; the vendored pod schemas are the bulk of it."""
+    size = len(json.dumps(crd.crd(), separators=(",", ":")))
+    assert size < 200_000, f"the CRD is {size} bytes as JSON: drop descriptions or use kubectl apply --server-side"
 
 
 def test_printer_columns_and_status_subresource() -> None:
