@@ -3,8 +3,9 @@
 The pods come from the operator's own renderer (`render.render_pods`); their container's
 command, args and env are used as they are, except for the handful of things one machine
 cannot share with a cluster. Those are rewritten in exactly one place, `localize_env`, and
-listed in `LOCAL_REWRITES` (printed at start and saved in the run directory). Everything
-else in the pod (image, resources, volumes, scheduling) has no local meaning and is ignored.
+listed in `LOCAL_REWRITES` (printed at start and saved in the run directory). spec.template's
+volumes, mounts and workingDir are mapped, or refused, by `local/volumes.py`. Everything else in
+the pod (image, resources, scheduling) has no local meaning and is ignored.
 """
 
 from __future__ import annotations
