@@ -169,6 +169,10 @@ class TemplatePodSpec(StrictModel):
                     f"the name {naming.CONTAINER_NAME} is the trainer container's",
                 ),
                 _rule("self.all(c, has(c.image))", "every init container needs an image"),
+                _rule(
+                    "self.all(c, !has(c.restartPolicy) || c.restartPolicy == 'Always')",
+                    "an init container's restartPolicy may only be Always (a native sidecar)",
+                ),
             ]
         },
     )
@@ -231,6 +235,8 @@ class TemplatePodSpec(StrictModel):
                 raise ValueError(f"[{index}].name: the name {naming.CONTAINER_NAME} is the trainer container's")
             if "image" not in container:
                 raise ValueError(f"[{index}].image: every init container needs an image")
+            if container.get("restartPolicy", "Always") != "Always":
+                raise ValueError(f"[{index}].restartPolicy: may only be Always (a native sidecar)")
         return containers
 
     @field_validator("volumes")
