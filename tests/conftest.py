@@ -82,7 +82,14 @@ def kube_api(control_plane: ControlPlane) -> Iterator[Any]:
 def crds_installed(control_plane: ControlPlane) -> ControlPlane:
     """crds/ applied and Established."""
     control_plane.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(ROOT / "crds"))
+
+    # Not `kubectl wait`: it fails at once ("status.conditions accessor error") when it reads
+    # the CRD before the apiserver gave it any condition, which a large CRD makes likely.
+    def established() -> bool:
+        jsonpath = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
+        return control_plane.kubectl("get", "-f", str(ROOT / "crds"), "-o", jsonpath).stdout.strip() == "True"
+
+    wait_for(established, 60, "the CRD Established")
     return control_plane
 
 

@@ -154,3 +154,54 @@ def test_a_root_image_is_refused_where_restricted_is_enforced(cluster: Cluster, 
     # The API's own words: which level, and which fields.
     assert 'violates PodSecurity "restricted:latest"' in message and "runAsUser=0" in message, message
     assert not cluster.pods("root")
+
+
+SCHEDULING_TEMPLATE = {
+    "spec": {
+        "affinity": {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "labelSelector": {"matchLabels": {"kubetrain.dev/job-name": "j"}},
+                        "topologyKey": "kubernetes.io/hostname",
+                    }
+                ]
+            }
+        },
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}
+        ],
+        "schedulingGates": [{"name": "example.com/quota"}],
+        "dnsConfig": {"options": [{"name": "ndots", "value": "2"}]},
+        "terminationGracePeriodSeconds": 120,
+    }
+}
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        DATA_JOB_TEMPLATE,
+        SCHEDULING_TEMPLATE,
+        {"spec": {"hostNetwork": True}},
+        {"spec": {"securityContext": {"runAsNonRoot": False}}},
+        {"spec": {"containers": [{"name": "trainer", "envFrom": [{"prefix": "HP_", "configMapRef": {"name": "hp"}}]}]}},
+    ],
+    ids=["data", "scheduling", "host-network", "image-user", "env-from"],
+)
+def test_rendered_pods_are_pods_the_apiserver_accepts(
+    crds_installed: ControlPlane, kube_api: Any, namespace: str, template: dict[str, Any]
+) -> None:
+    """What the renderer merges is a valid Pod, and the apiserver keeps all of it."""
+    model = TrainingJob.model_validate(
+        {
+            "apiVersion": "kubetrain.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": "j"},
+            "spec": {"template": template},
+        }
+    )
+    pod = render_pod(model, namespace, "0b6c3c2e-0000-0000-0000-000000000000", 0, 0)
+    pod["metadata"].pop("ownerReferences")  # the owner does not exist; nothing here is about it
+    created = client.CoreV1Api(kube_api).create_namespaced_pod(namespace, pod, dry_run="All")
+    assert contains(wire(created)["spec"], pod["spec"])
