@@ -22,6 +22,7 @@ Merge rules (operator/render.py applies them; the README lists them):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -49,7 +50,12 @@ OWNED_LABELS = (
 # envFrom prefixes may not start with this: every KUBETRAIN* name is kubetrain's.
 OWN_PREFIX = RESERVED_ENV_PREFIX.rstrip("_")
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-# A qualified name: a DNS subdomain prefix (253), '/', a name (63).
+# A qualified name, as Kubernetes checks label and annotation keys: an optional DNS subdomain
+# prefix (253) and '/', then a name (63).
+QUALIFIED_NAME = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_QUALIFIED_NAME = re.compile(QUALIFIED_NAME)
 LabelKey = Annotated[str, Field(min_length=1, max_length=317)]
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 
@@ -98,6 +104,16 @@ def _rule(rule: str, message: str, field_path: str | None = None) -> JsonDict:
     return out
 
 
+_KEY_RULES: JsonDict = {
+    "x-kubernetes-validations": [
+        _rule(
+            "self.all(k, k.matches('" + QUALIFIED_NAME.replace("\\", "\\\\") + "'))",
+            "keys must be qualified names such as example.com/team",
+        )
+    ]
+}
+
+
 class TemplateMetadata(StrictModel):
     labels: dict[LabelKey, LabelValue] | None = Field(
         None,
@@ -105,12 +121,22 @@ class TemplateMetadata(StrictModel):
         description=(
             "Added to every pod's labels. kubetrain's own keys win on conflict: " + ", ".join(OWNED_LABELS) + "."
         ),
+        json_schema_extra=_KEY_RULES,
     )
     annotations: dict[LabelKey, Annotated[str, Field(max_length=32_768)]] | None = Field(
         None,
         max_length=64,
         description='Added to every pod\'s annotations (e.g. `sidecar.istio.io/inject: "false"`); kubetrain sets none.',
+        json_schema_extra=_KEY_RULES,
     )
+
+    @field_validator("labels", "annotations")
+    @classmethod
+    def _qualified_keys(cls, values: dict[str, str] | None) -> dict[str, str] | None:
+        for key in values or {}:
+            if not _QUALIFIED_NAME.match(key):
+                raise ValueError(f"{key!r} is not a qualified name such as example.com/team")
+        return values
 
 
 class TrainerContainer(StrictModel):

@@ -201,5 +201,10 @@ INVALID_JOBS += [
         "spec.template.spec.schedulingGates[0].name",
     ),
     ("template-label-value-invalid", _template(labels={"team": "ml platform"}), "spec.template.metadata.labels.team"),
+    (
+        "template-rule-annotation-key-invalid",
+        _template(annotations={"not a key": "x"}),
+        "spec.template.metadata.annotations",
+    ),
     ("template-host-network-not-a-bool", _template({"hostNetwork": "yes"}), "spec.template.spec.hostNetwork"),
 ]
