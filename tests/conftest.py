@@ -84,10 +84,12 @@ def crds_installed(control_plane: ControlPlane) -> ControlPlane:
     control_plane.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
 
     # Not `kubectl wait`: it fails at once ("status.conditions accessor error") when it reads
-    # the CRD before the apiserver gave it any condition, which a large CRD makes likely.
+    # the CRD before the apiserver gave it any condition, which a large CRD makes likely; so
+    # does a jsonpath filter over the missing list (hence check=False).
     def established() -> bool:
         jsonpath = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
-        return control_plane.kubectl("get", "-f", str(ROOT / "crds"), "-o", jsonpath).stdout.strip() == "True"
+        got = control_plane.kubectl("get", "-f", str(ROOT / "crds"), "-o", jsonpath, check=False)
+        return got.returncode == 0 and got.stdout.strip() == "True"
 
     wait_for(established, 60, "the CRD Established")
     return control_plane

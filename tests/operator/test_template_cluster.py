@@ -4,6 +4,7 @@ the apiserver stores carry, and what each Pod Security level decides for a root 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -205,3 +206,8 @@ def test_rendered_pods_are_pods_the_apiserver_accepts(
     pod["metadata"].pop("ownerReferences")  # the owner does not exist; nothing here is about it
     created = client.CoreV1Api(kube_api).create_namespaced_pod(namespace, pod, dry_run="All")
     assert contains(wire(created)["spec"], pod["spec"])
+
+
+def test_the_bring_your_data_example_applies(crds_installed: ControlPlane, namespace: str) -> None:
+    example = Path(__file__).resolve().parent.parent.parent / "examples" / "byo-data.yaml"
+    crds_installed.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(example))
