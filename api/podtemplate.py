@@ -168,6 +168,16 @@ class TrainerContainer(StrictModel):
         },
     )
 
+    @field_validator("name", mode="before")
+    @classmethod
+    def _only_the_trainer(cls, name: Any) -> Any:
+        if name != naming.CONTAINER_NAME:
+            raise ValueError(
+                f"{name!r}: only the {naming.CONTAINER_NAME} container can be merged; "
+                "a sidecar is an init container with restartPolicy: Always"
+            )
+        return name
+
     @field_validator("env_from")
     @classmethod
     def _prefix_not_ours(cls, env_from: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
