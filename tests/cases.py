@@ -181,6 +181,11 @@ INVALID_JOBS += [
         "spec.template.spec.initContainers",
     ),
     (
+        "template-rule-init-container-restart-never",
+        _template({"initContainers": [{"name": "fetch", "image": "busybox", "restartPolicy": "Never"}]}),
+        "spec.template.spec.initContainers",
+    ),
+    (
         "template-pull-secret-not-an-object",
         _template({"imagePullSecrets": ["regcred"]}),
         "spec.template.spec.imagePullSecrets[0]",
