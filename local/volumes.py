@@ -165,14 +165,18 @@ def _kind(volume: Mapping[str, Any]) -> str:
     return next((key for key in volume if key != "name"), "emptyDir")
 
 
-def _volume_dirs(template: PodTemplate, choices: LocalChoices) -> tuple[dict[str, Path], dict[str, str]]:
+def _volume_dirs(
+    template: PodTemplate, given: Mapping[str, Path], refusals: list[str]
+) -> tuple[dict[str, Path], dict[str, str]]:
+    """Each volume's local directory and kind; what cannot be mapped is added to `refusals`."""
     volumes = (template.spec.volumes if template.spec else None) or []
     names = {volume["name"] for volume in volumes}
-    given = parse_volume_flags(choices.volumes)
-    for name in given:
-        if name not in names:
-            known = ", ".join(sorted(names)) or "none"
-            raise UnmappableError(f"{VOLUME_FLAG} {name}: spec.template.spec.volumes has no volume {name!r} ({known})")
+    known = ", ".join(sorted(names)) or "none"
+    refusals += [
+        f"{VOLUME_FLAG} {name}: spec.template.spec.volumes has no volume {name!r} ({known})"
+        for name in given
+        if name not in names
+    ]
     dirs: dict[str, Path] = {}
     kinds: dict[str, str] = {}
     for index, volume in enumerate(volumes):
@@ -185,7 +189,7 @@ def _volume_dirs(template: PodTemplate, choices: LocalChoices) -> tuple[dict[str
         elif kind == "emptyDir":
             dirs[name] = Path(VOLUMES_SUBDIR) / name
         else:
-            raise UnmappableError(
+            refusals.append(
                 f"spec.template.spec.volumes[{index}] ({name}): a {kind} volume exists only on a cluster; "
                 f"map it to a local directory with {VOLUME_FLAG} {name}=DIR"
             )
@@ -216,12 +220,13 @@ def _refusals(template: PodTemplate, choices: LocalChoices) -> list[str]:
 
 
 def plan_volumes(job: TrainingJob, choices: LocalChoices) -> LocalVolumes:
-    """Map the job's template onto this machine, or raise LocalRunError naming what cannot be."""
+    """Map the job's template onto this machine, or raise UnmappableError naming all it cannot."""
     template = job.spec.template or PodTemplate()
     refusals = _refusals(template, choices)
+    dirs, kinds = _volume_dirs(template, parse_volume_flags(choices.volumes), refusals)
     if refusals:
+        # Every problem at once: one edit of the command line, not one per attempt.
         raise UnmappableError("\n  ".join(refusals))
-    dirs, kinds = _volume_dirs(template, choices)
     trainer = template.spec.trainer() if template.spec else None
     mounts = tuple(
         Mount(path=m["mountPath"], local=Path(m.get("subPath", "")), volume=m["name"])

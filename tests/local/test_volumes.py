@@ -131,6 +131,22 @@ def test_what_cannot_be_mapped_is_refused_naming_the_way_out(
     assert message in str(error.value)
 
 
+def test_every_refusal_is_named_at_once() -> None:
+    template = {
+        "spec": {
+            "imagePullSecrets": [{"name": "regcred"}],
+            "volumes": [{"name": "a", "secret": {"secretName": "s"}}, {"name": "b", "configMap": {"name": "c"}}],
+        }
+    }
+    with pytest.raises(UnmappableError) as error:
+        plan_volumes(job(template), NO_CHOICES)
+    assert [line.split(":")[0].strip() for line in str(error.value).splitlines()] == [
+        "spec.template.spec.imagePullSecrets",
+        "spec.template.spec.volumes[0] (a)",
+        "spec.template.spec.volumes[1] (b)",
+    ]
+
+
 def test_acknowledged_and_meaningless_parts_are_noted() -> None:
     template = {
         "metadata": {"annotations": {"sidecar.istio.io/inject": "false"}},
