@@ -51,14 +51,19 @@ VENDORED: dict[str, tuple[str, tuple[str, ...]]] = {
     "container": (CONTAINER, ("envFrom", "securityContext", "volumeMounts", "workingDir")),
 }
 
-INT_OR_STRING = {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
+INT_OR_STRING: dict[str, Any] = {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
 # apimachinery types whose OpenAPI form a CRD cannot take as is. IntOrString and Quantity
 # are written as either in YAML (`port: 8080`, `sizeLimit: 1Gi`, `sizeLimit: 1`); an
 # ObjectMeta below the root (an ephemeral volume's claim template) is kept whole, as
 # controller-gen does, and validated when the pod is created.
+# Kubernetes' quantity syntax (resource.Quantity), as controller-gen writes it into CRDs; the
+# pattern applies to the string form only.
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 SPECIAL_TYPES: dict[str, dict[str, Any]] = {
     "io.k8s.apimachinery.pkg.util.intstr.IntOrString": INT_OR_STRING,
-    "io.k8s.apimachinery.pkg.api.resource.Quantity": INT_OR_STRING,
+    "io.k8s.apimachinery.pkg.api.resource.Quantity": {**INT_OR_STRING, "pattern": QUANTITY_PATTERN},
     "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta": {
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": True,
@@ -81,6 +86,7 @@ KEPT = frozenset(
         "maximum",
         "maxLength",
         "maxItems",
+        "pattern",
         "x-kubernetes-list-type",
         "x-kubernetes-list-map-keys",
         "x-kubernetes-map-type",

@@ -227,6 +227,11 @@ INVALID_JOBS += [
         "spec.template.spec.initContainers",
     ),
     (
+        "template-empty-dir-size-not-a-quantity",
+        _template({"volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "lots"}}]}),
+        "spec.template.spec.volumes[0].emptyDir.sizeLimit",
+    ),
+    (
         "template-pull-secret-not-an-object",
         _template({"imagePullSecrets": ["regcred"]}),
         "spec.template.spec.imagePullSecrets[0]",
