@@ -8,6 +8,7 @@ their containers as local processes, so the env contract has exactly one impleme
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,14 +240,15 @@ def security_contexts(template: PodTemplate) -> tuple[dict[str, Any], dict[str, 
     trainer = spec.trainer() if spec else None
     pod_own = (spec.security_context if spec else None) or {}
     container_own = (trainer.security_context if trainer else None) or {}
-    pod, container = dict(POD_SECURITY), dict(CONTAINER_SECURITY)
+    # Deep copies: no rendered pod shares a dict with these constants or with the job.
+    pod, container = copy.deepcopy(POD_SECURITY), copy.deepcopy(CONTAINER_SECURITY)
     chosen = [context for context in (pod_own, container_own) if any(key in context for key in IDENTITY)]
     for key in IDENTITY[:3] if chosen else ():
         pod.pop(key)
     if any(context.get("runAsUser") == 0 or context.get("runAsNonRoot") is False for context in chosen):
         pod.pop("runAsNonRoot")
         container.pop("runAsNonRoot")
-    return {**pod, **pod_own}, {**container, **container_own}
+    return {**pod, **copy.deepcopy(pod_own)}, {**container, **copy.deepcopy(container_own)}
 
 
 def _merge_trainer(container: dict[str, Any], given: dict[str, Any]) -> None:
@@ -291,7 +293,7 @@ def merge_template(pod: dict[str, Any], template: PodTemplate) -> dict[str, Any]
     if "initContainers" in given:
         # The same restricted hardening as the trainer's, under each container's own settings.
         pod_spec["initContainers"] = [
-            {**c, "securityContext": {**container_security, **c.get("securityContext", {})}}
+            {**c, "securityContext": {**copy.deepcopy(container_security), **c.get("securityContext", {})}}
             for c in given["initContainers"]
         ]
     if given.get("hostNetwork"):

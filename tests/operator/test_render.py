@@ -301,7 +301,14 @@ def test_rendered_pods_share_no_dict_with_the_job() -> None:
     pod = render_pod(j, "ns", UID, 0, 0)
     pod["spec"]["volumes"][-1]["configMap"]["name"] = "changed"
     pod["spec"]["initContainers"][0]["image"] = "changed"
-    assert render_pod(j, "ns", UID, 0, 0) != pod
+    pod["spec"]["initContainers"][0]["securityContext"]["capabilities"]["drop"].append("changed")
+    pod["spec"]["securityContext"]["seccompProfile"]["type"] = "changed"
+    again = render_pod(j, "ns", UID, 0, 0)
+    assert again["spec"]["volumes"][-1]["configMap"]["name"] == "labels"
+    assert again["spec"]["initContainers"][0]["image"] == SIDECAR["image"]
+    assert again["spec"]["initContainers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert again["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert again["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
 RESTRICTED_POD = {
