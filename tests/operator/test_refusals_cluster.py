@@ -115,7 +115,9 @@ def test_refused_pods(
         job = cluster.wait_job(NAME, has_condition("Failed", reason=FAILED), FAILED, timeout=30)
         assert case.names in condition(job, "Failed")["message"]  # type: ignore[index]
         assert condition(job, BLOCKED) is None and job["status"]["phase"] == "Failed"
-        assert [e.reason for e in cluster.events(NAME)] == [FAILED]
+        # The Event is posted after the status write the wait saw.
+        reasons = wait_for(lambda: [e.reason for e in cluster.events(NAME)], 10, f"the {FAILED} event")
+        assert reasons == [FAILED]
         return
 
     job = cluster.wait_job(NAME, has_condition(BLOCKED, reason=case.reason), f"{BLOCKED} ({case.reason})")
