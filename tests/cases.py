@@ -10,27 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-BASE_JOB: dict[str, Any] = {
-    "apiVersion": "kubetrain.dev/v1alpha1",
-    "kind": "TrainingJob",
-    "metadata": {"name": "valid-job"},
-    "spec": {
-        "nodes": 2,
-        "gpusPerNode": 0,
-        "image": "kubetrain/trainer:0.1.0-cpu",
-        "training": {"model": "mlp", "dataset": "digits", "epochs": 2, "batchSize": 16},
-        "checkpoint": {"everySteps": 10, "keep": 2},
-        "runPolicy": {"maxRestarts": 2},
-    },
-}
-
-
-def valid_job(name: str = "valid-job", **spec: Any) -> dict[str, Any]:
-    """BASE_JOB with top-level spec fields replaced."""
-    job = copy.deepcopy(BASE_JOB)
-    job["metadata"]["name"] = name
-    job["spec"].update(spec)
-    return job
+from support.jobs import BASE_JOB
 
 
 def _with(path: str, value: Any, *, name: str | None = None) -> dict[str, Any]:
@@ -44,6 +24,13 @@ def _with(path: str, value: Any, *, name: str | None = None) -> dict[str, Any]:
     if name is not None:
         job["metadata"]["name"] = name
     return job
+
+
+_RULE = "spec.runPolicy.failurePolicy.rules[0]"
+
+
+def _failure_rule(rule: dict[str, Any]) -> dict[str, Any]:
+    return _with("spec.runPolicy.failurePolicy", {"rules": [rule]})
 
 
 # (case id, document, the field path the error message must name)
@@ -88,6 +75,187 @@ INVALID_JOBS: list[tuple[str, dict[str, Any], str]] = [
     ("max-restarts-negative", _with("spec.runPolicy.maxRestarts", -1), "spec.runPolicy.maxRestarts"),
     ("clean-pod-policy-unknown", _with("spec.runPolicy.cleanPodPolicy", "Sometimes"), "spec.runPolicy.cleanPodPolicy"),
     ("deadline-zero", _with("spec.runPolicy.activeDeadlineSeconds", 0), "spec.runPolicy.activeDeadlineSeconds"),
+    ("hang-timeout-zero", _with("spec.runPolicy.hangTimeoutSeconds", 0), "spec.runPolicy.hangTimeoutSeconds"),
+    (
+        "failure-action-unknown",
+        _failure_rule({"action": "Ignore", "onExitCodes": {"operator": "In", "values": [2]}}),
+        f"{_RULE}.action",
+    ),
+    ("failure-rule-without-matcher", _failure_rule({"action": "FailJob"}), _RULE),
+    (
+        "failure-rule-two-matchers",
+        _failure_rule(
+            {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}, "onFailureReasons": ["Stalled"]}
+        ),
+        _RULE,
+    ),
+    (
+        "failure-exit-codes-empty",
+        _failure_rule({"action": "FailJob", "onExitCodes": {"operator": "In", "values": []}}),
+        f"{_RULE}.onExitCodes.values",
+    ),
+    (
+        "failure-exit-code-out-of-range",
+        _failure_rule({"action": "FailJob", "onExitCodes": {"operator": "In", "values": [256]}}),
+        f"{_RULE}.onExitCodes.values",
+    ),
+    (
+        "failure-exit-code-zero-with-in",
+        _failure_rule({"action": "FailJob", "onExitCodes": {"operator": "In", "values": [0, 2]}}),
+        f"{_RULE}.onExitCodes.values",
+    ),
+    (
+        "failure-exit-code-duplicate",
+        _failure_rule({"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [1, 1]}}),
+        f"{_RULE}.onExitCodes.values",
+    ),
     ("name-too-long", _with("metadata.name", "j" * 54), "metadata.name"),
     ("name-starts-with-digit", _with("metadata.name", "1-job"), "metadata.name"),
+]
+
+
+# --- spec.template (issue 12): Kubernetes' own schemas and kubetrain's rules -----------------
+
+
+def _template(spec: dict[str, Any] | None = None, **metadata: Any) -> dict[str, Any]:
+    template: dict[str, Any] = {"spec": spec or {}}
+    if metadata:
+        template["metadata"] = metadata
+    return _with("spec.template", template)
+
+
+def _trainer(volumes: list[dict[str, Any]] | None = None, **container: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "trainer", **container}]}
+    if volumes is not None:
+        spec["volumes"] = volumes
+    return _template(spec)
+
+
+DATA_VOLUME = {"name": "data", "emptyDir": {}}
+NODE_AFFINITY = "spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+_TERM = {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "Maybe", "values": ["amd64"]}]}
+
+# Case ids containing "rule" are kubetrain's own rules: CEL in the CRD, invisible to a plain
+# JSON Schema validator (tests/test_crd.py).
+INVALID_JOBS += [
+    ("template-unknown-pod-field", _template({"nodeName": "n1"}), "spec.template.spec.nodeName"),
+    (
+        "template-volume-unknown-field",
+        _template({"volumes": [{"name": "data", "configMap": {"nam": "c"}}]}),
+        "spec.template.spec.volumes[0].configMap.nam",
+    ),
+    (
+        "template-rule-volume-named-checkpoints",
+        _template({"volumes": [{"name": "checkpoints", "emptyDir": {}}]}),
+        "spec.template.spec.volumes",
+    ),
+    (
+        "template-rule-volume-named-dshm",
+        _template({"volumes": [{"name": "dshm", "emptyDir": {}}]}),
+        "spec.template.spec.volumes",
+    ),
+    (
+        "template-rule-mount-at-checkpoint-dir",
+        _trainer([DATA_VOLUME], volumeMounts=[{"name": "data", "mountPath": "/checkpoints"}]),
+        "spec.template.spec.containers",
+    ),
+    (
+        "template-rule-mount-below-dev-shm",
+        _trainer([DATA_VOLUME], volumeMounts=[{"name": "data", "mountPath": "/dev/shm/data"}]),
+        "spec.template.spec.containers",
+    ),
+    (
+        "template-rule-mount-of-missing-volume",
+        _trainer([DATA_VOLUME], volumeMounts=[{"name": "dataset", "mountPath": "/data"}]),
+        "spec.template.spec.containers",
+    ),
+    (
+        "template-mount-without-path",
+        _trainer([DATA_VOLUME], volumeMounts=[{"name": "data"}]),
+        "spec.template.spec.containers[0].volumeMounts[0].mountPath",
+    ),
+    (
+        "template-second-container",
+        _template({"containers": [{"name": "sidecar"}]}),
+        "spec.template.spec.containers[0].name",
+    ),
+    (
+        "template-rule-envfrom-kubetrain-prefix",
+        _trainer(envFrom=[{"prefix": "KUBETRAIN_", "configMapRef": {"name": "settings"}}]),
+        "spec.template.spec.containers[0].envFrom",
+    ),
+    (
+        "template-affinity-operator-unknown",
+        _template(
+            {
+                "affinity": {
+                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [_TERM]}}
+                }
+            }
+        ),
+        f"{NODE_AFFINITY}.nodeSelectorTerms[0].matchExpressions[0].operator",
+    ),
+    (
+        "template-affinity-without-terms",
+        _template({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}}),
+        f"{NODE_AFFINITY}.nodeSelectorTerms",
+    ),
+    (
+        "template-topology-spread-when-unknown",
+        _template({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "Maybe"}]}),
+        "spec.template.spec.topologySpreadConstraints[0].whenUnsatisfiable",
+    ),
+    (
+        "template-rule-init-container-named-trainer",
+        _template({"initContainers": [{"name": "trainer", "image": "busybox"}]}),
+        "spec.template.spec.initContainers",
+    ),
+    (
+        "template-rule-sidecar-on-master-port",
+        _template(
+            {
+                "initContainers": [
+                    {"name": "proxy", "image": "envoy", "restartPolicy": "Always", "ports": [{"containerPort": 29500}]}
+                ]
+            }
+        ),
+        "spec.template.spec.initContainers",
+    ),
+    (
+        "template-rule-init-container-restart-never",
+        _template({"initContainers": [{"name": "fetch", "image": "busybox", "restartPolicy": "Never"}]}),
+        "spec.template.spec.initContainers",
+    ),
+    (
+        "template-empty-dir-size-not-a-quantity",
+        _template({"volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "lots"}}]}),
+        "spec.template.spec.volumes[0].emptyDir.sizeLimit",
+    ),
+    (
+        "template-pull-secret-not-an-object",
+        _template({"imagePullSecrets": ["regcred"]}),
+        "spec.template.spec.imagePullSecrets[0]",
+    ),
+    (
+        "template-grace-period-negative",
+        _template({"terminationGracePeriodSeconds": -1}),
+        "spec.template.spec.terminationGracePeriodSeconds",
+    ),
+    (
+        "template-run-as-user-not-a-number",
+        _template({"securityContext": {"runAsUser": "root"}}),
+        "spec.template.spec.securityContext.runAsUser",
+    ),
+    (
+        "template-scheduling-gate-without-name",
+        _template({"schedulingGates": [{}]}),
+        "spec.template.spec.schedulingGates[0].name",
+    ),
+    ("template-label-value-invalid", _template(labels={"team": "ml platform"}), "spec.template.metadata.labels.team"),
+    (
+        "template-rule-annotation-key-invalid",
+        _template(annotations={"not a key": "x"}),
+        "spec.template.metadata.annotations",
+    ),
+    ("template-host-network-not-a-bool", _template({"hostNetwork": "yes"}), "spec.template.spec.hostNetwork"),
 ]

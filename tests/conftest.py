@@ -1,5 +1,5 @@
 """Shared fixtures. `control_plane` is a real etcd + kube-apiserver + kube-controller-manager
-on 127.0.0.1 (see tests/cluster/controlplane.py), started once per session.
+on 127.0.0.1 (see tests/support/controlplane.py), started once per session.
 
 Where the binaries are missing the tests that need them are skipped, naming what is missing.
 With KUBETRAIN_REQUIRE_CONTROL_PLANE=1 (set by .ci/run) that skip is a failure instead, and
@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import controlplane
-from cluster.controlplane import ControlPlane, Unavailable, wait_for
+from support import controlplane
+from support.controlplane import ControlPlane, Unavailable
+from support.waiting import wait_for
 
 REQUIRE_ENV = "KUBETRAIN_REQUIRE_CONTROL_PLANE"
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +82,16 @@ def kube_api(control_plane: ControlPlane) -> Iterator[Any]:
 def crds_installed(control_plane: ControlPlane) -> ControlPlane:
     """crds/ applied and Established."""
     control_plane.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(ROOT / "crds"))
+
+    # Not `kubectl wait`: it fails at once ("status.conditions accessor error") when it reads
+    # the CRD before the apiserver gave it any condition, which a large CRD makes likely; so
+    # does a jsonpath filter over the missing list (hence check=False).
+    def established() -> bool:
+        jsonpath = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
+        got = control_plane.kubectl("get", "-f", str(ROOT / "crds"), "-o", jsonpath, check=False)
+        return got.returncode == 0 and got.stdout.strip() == "True"
+
+    wait_for(established, 60, "the CRD Established")
     return control_plane
 
 
