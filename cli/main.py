@@ -84,7 +84,7 @@ def run(
     if not local:
         typer.echo(f"on a cluster: kubectl apply -f {file}; on this machine: kubetrain run {file} --local", err=True)
         raise typer.Exit(2)
-    from kubetrain.local.plan import run_local
+    from kubetrain.local.run import run_local
 
     raise typer.Exit(run_local(file, nodes=nodes, gpus_per_node=gpus_per_node, run_dir=run_dir, netns=netns))
 

@@ -1,46 +1,29 @@
 """Supervision of a local gang: start the node processes, merge their output, apply the gang
-decision (`gang.decide`), restart or stop, and leave no process behind.
-
-Each node runs in its own session and process group. torchrun starts every worker in a
-session of its own, so a node's processes span several groups: the supervisor notes the groups
-of each node's descendants while it runs. Stopping sends SIGTERM to the node's group (as a
-kubelet signals a container's first process), SIGKILL to every noted group after a grace
-period, then waits for every process. This process becomes a child subreaper while it runs,
-so workers orphaned by a killed torchrun are re-parented, killed and reaped here instead of
-lingering.
-"""
+decision (`gang.decide`), restart or stop, and leave no process behind (`kubetrain.local.processes`)."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
-import os
 import queue
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from types import FrameType
-from typing import IO, Any, Literal, Protocol
+from typing import IO, Any, Protocol
 
 from kubetrain.api.contract import free_port
 from kubetrain.api.records import parse_record
 from kubetrain.local import gang
 from kubetrain.local.plan import LocalPlan, NodeProcess
+from kubetrain.local.processes import ProcessTree, note_groups, stop, subreaper
+from kubetrain.local.result import RunResult
 
-PR_SET_CHILD_SUBREAPER = 36
 # How often the process groups under each node are noted (a scan of /proc).
 NOTE_GROUPS_EVERY_S = 1.0
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_SIGNAL_BASE = 128
-
-Outcome = Literal["Succeeded", "Failed", "Interrupted"]
 
 
 class RunView(Protocol):
@@ -53,64 +36,10 @@ class RunView(Protocol):
 
 
 @dataclass
-class RunResult:
-    outcome: Outcome
-    reason: str
-    run_dir: Path
-    attempts: int = 0
-    restarts: int = 0
-    wall_s: float = 0.0
-    first_step_s: float | None = None
-    final_loss: float | None = None
-    final_accuracy: float | None = None
-    final_step: int | None = None
-    checkpoints_written: list[str] = field(default_factory=list)
-    failures: list[dict[str, Any]] = field(default_factory=list)
-    # Exit codes of the last attempt's node processes, by node rank.
-    node_exit_codes: list[int | None] = field(default_factory=list)
-    signal: int | None = None
-    plot: str | None = None
-
-    @property
-    def exit_code(self) -> int:
-        if self.outcome == "Succeeded":
-            return EXIT_OK
-        if self.signal is not None:
-            return EXIT_SIGNAL_BASE + self.signal
-        return EXIT_FAILED
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "outcome": self.outcome,
-            "reason": self.reason,
-            "exitCode": self.exit_code,
-            "runDir": str(self.run_dir),
-            "attempts": self.attempts,
-            "restarts": self.restarts,
-            "wallSeconds": round(self.wall_s, 3),
-            "firstStepSeconds": None if self.first_step_s is None else round(self.first_step_s, 3),
-            "finalStep": self.final_step,
-            "finalLoss": self.final_loss,
-            "finalAccuracy": self.final_accuracy,
-            "checkpointsWritten": self.checkpoints_written,
-            "failures": self.failures,
-            "nodeExitCodes": self.node_exit_codes,
-            "plot": self.plot,
-        }
-
-
-def _set_subreaper(on: bool) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
-
-
-@dataclass
 class _Node:
     spec: NodeProcess
-    proc: subprocess.Popen[bytes]
+    tree: ProcessTree
     readers: list[threading.Thread]
-    # Process groups seen among this node's descendants (torchrun's workers, their children).
-    groups: set[int] = field(default_factory=set)
 
 
 class Supervisor:
@@ -155,16 +84,16 @@ class Supervisor:
     def _launch(self, spec: NodeProcess) -> _Node:
         argv = spec.argv if spec.netns is None else ["ip", "netns", "exec", spec.netns, *spec.argv]
         try:
-            proc = subprocess.Popen(
+            tree = ProcessTree.start(
                 argv,
                 env=spec.full_env(),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                start_new_session=True,
             )
         except OSError as error:
             raise gang_start_error(spec, error) from None
+        proc = tree.proc
         assert proc.stdout is not None and proc.stderr is not None
         readers = [
             threading.Thread(target=self._read, args=(spec.rank, name, pipe), daemon=True)
@@ -172,7 +101,7 @@ class Supervisor:
         ]
         for reader in readers:
             reader.start()
-        return _Node(spec, proc, readers)
+        return _Node(spec, tree, readers)
 
     def _pump(self, timeout: float) -> None:
         """Handle output lines until the queue is empty (waiting up to `timeout` for the first)."""
@@ -214,29 +143,10 @@ class Supervisor:
             result.checkpoints_written.append(str(record["path"]))
 
     def _stop(self, nodes: Sequence[_Node]) -> None:
-        """SIGTERM every node's process group, SIGKILL what is left after the grace period,
-        wait for every process (and reap orphaned workers)."""
         started = time.monotonic()
-        _note_groups(nodes)
-        live = sum(node.proc.poll() is None for node in nodes)
-        for node in nodes:
-            if node.proc.poll() is None:
-                _killpg(node.proc.pid, signal.SIGKILL if self._hurry else signal.SIGTERM)
-        deadline = time.monotonic() + self.grace_s
-        while any(node.proc.poll() is None for node in nodes) and time.monotonic() < deadline and not self._hurry:
-            self._pump(0.05)
-        _note_groups(nodes)
-        mine = _own_groups()
-        for node in nodes:
-            # Stragglers of the node's group, even if torchrun is gone, and the workers' own groups
-            # (only those still holding a process of ours: a group id could have been reused).
-            _killpg(node.proc.pid, signal.SIGKILL)
-            for group in node.groups & mine:
-                _killpg(group, signal.SIGKILL)
-        for node in nodes:
-            node.proc.wait()
-            for group in {node.proc.pid, *node.groups}:
-                _reap_group(group)
+        live = stop(
+            [node.tree for node in nodes], self.grace_s, wait=lambda: self._pump(0.05), hurry=lambda: self._hurry
+        )
         if live:
             self.view.notice(f"stopped {live} running node(s) in {time.monotonic() - started:.1f}s")
 
@@ -254,9 +164,8 @@ class Supervisor:
         result = self.result
         self._start = time.monotonic()
         attempt = self.first_attempt
-        _set_subreaper(True)
         try:
-            with self._signals(), contextlib.ExitStack() as logs:
+            with subreaper(), self._signals(), contextlib.ExitStack() as logs:
                 for rank in range(plan.job.spec.nodes):
                     self._logs[rank] = logs.enter_context(open(plan.run_dir / f"node-{rank}.log", "a"))
                 while True:
@@ -284,7 +193,6 @@ class Supervisor:
                     )
                     attempt += 1
         finally:
-            _set_subreaper(False)
             result.wall_s = time.monotonic() - self._start
         return result
 
@@ -297,22 +205,22 @@ class Supervisor:
                 self._logs[spec.rank].write(f"=== kubetrain: attempt {attempt} ===\n")
                 nodes.append(self._launch(spec))
             (self.plan.run_dir / "pids.json").write_text(
-                json.dumps({"attempt": attempt, "pids": [node.proc.pid for node in nodes]}) + "\n"
+                json.dumps({"attempt": attempt, "pids": [node.tree.proc.pid for node in nodes]}) + "\n"
             )
-            self.view.attempt(attempt, specs, [node.proc.pid for node in nodes])
+            self.view.attempt(attempt, specs, [node.tree.proc.pid for node in nodes])
             noted = 0.0
             while True:
                 self._pump(0.1)
                 if time.monotonic() - noted >= NOTE_GROUPS_EVERY_S:
                     # Before a torchrun dies: afterwards its workers are no longer its descendants.
-                    _note_groups(nodes)
+                    note_groups([node.tree for node in nodes])
                     noted = time.monotonic()
                 if self._signal is not None:
                     self.view.notice(f"{signal.Signals(self._signal).name}: stopping all nodes")
                     self._stop(nodes)
                     return None
                 decision = gang.decide(
-                    [node.proc.poll() for node in nodes],
+                    [node.tree.proc.poll() for node in nodes],
                     restarts=self.result.restarts,
                     max_restarts=max_restarts,
                     elapsed_s=time.monotonic() - self._start,
@@ -331,7 +239,7 @@ class Supervisor:
             raise
         finally:
             self._finish_attempt(nodes)
-            self.result.node_exit_codes = [node.proc.returncode for node in nodes]
+            self.result.node_exit_codes = [node.tree.proc.returncode for node in nodes]
 
 
 class NodeStartError(RuntimeError):
@@ -340,71 +248,3 @@ class NodeStartError(RuntimeError):
 
 def gang_start_error(spec: NodeProcess, error: OSError) -> NodeStartError:
     return NodeStartError(f"node {spec.rank}: cannot start {spec.argv[0]!r}: {error.strerror or error}")
-
-
-def _processes() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, process group) of every process, from /proc (empty without one: there
-    only each node's own group is stopped)."""
-    found: dict[int, tuple[int, int]] = {}
-    try:
-        entries = list(os.scandir("/proc"))
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        # After the command name (which may contain spaces and parentheses): state, ppid, pgrp.
-        fields = stat[stat.rindex(")") + 2 :].split()
-        found[int(entry.name)] = (int(fields[1]), int(fields[2]))
-    return found
-
-
-def _note_groups(nodes: Sequence[_Node]) -> None:
-    """Add the process groups of each live node's descendants to `node.groups`."""
-    table = _processes()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    for node in nodes:
-        todo = list(children.get(node.proc.pid, []))
-        while todo:
-            pid = todo.pop()
-            node.groups.add(table[pid][1])
-            todo.extend(children.get(pid, []))
-
-
-def _own_groups() -> set[int]:
-    """Process groups holding a live descendant of this process (orphans re-parented here included)."""
-    table = _processes()
-    me = os.getpid()
-    groups = set()
-    for pid, (_, pgrp) in table.items():
-        ancestor, seen = pid, 0
-        while ancestor in table and seen < len(table):
-            ancestor = table[ancestor][0]
-            seen += 1
-            if ancestor == me:
-                groups.add(pgrp)
-                break
-    return groups
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _reap_group(pgid: int, timeout_s: float = 5.0) -> None:
-    """Wait for orphans of a node's group that were re-parented to this subreaper."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            pid, _ = os.waitpid(-pgid, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            time.sleep(0.02)

@@ -9,8 +9,9 @@ from typing import IO, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from kubetrain.local.plan import LOCAL_REWRITES, LocalPlan, NodeProcess
-from kubetrain.local.supervisor import RunResult
+from kubetrain.local.localize import LOCAL_REWRITES
+from kubetrain.local.plan import LocalPlan, NodeProcess
+from kubetrain.local.result import RunResult
 
 
 def _num(value: Any, fmt: str = ".4f") -> str:
