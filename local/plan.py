@@ -176,6 +176,9 @@ def make_plan(
 ) -> LocalPlan:
     """Load, validate and render everything; raises InvalidTrainingJob or LocalRunError on bad input."""
     job = apply_overrides(load_job(path), nodes=nodes, gpus_per_node=gpus_per_node)
+    if job.spec.run_policy.suspend:
+        # The operator would hold the gang until the field is cleared; nothing clears it here.
+        raise LocalRunError("spec.runPolicy.suspend: a suspended job starts no pods; set it to false to run it")
     devices = device_slices(job, visible_gpus() if job.spec.gpus_per_node else [])
     plan = LocalPlan(
         job=job,

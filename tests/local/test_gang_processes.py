@@ -39,7 +39,7 @@ def test_a_failing_node_restarts_the_gang_until_max_restarts(tmp_path: Path) -> 
     assert [f["exitCode"] for f in result["failures"]] == [3, 3, 3]
     assert result["nodeExitCodes"] == [-signal.SIGTERM, 3]
     assert (tmp_path / "run" / "node-0.log").read_text().count("=== kubetrain: attempt") == 3
-    assert "gang restart 2/2" in done.stdout
+    assert "(restart 2 of 2)" in done.stdout
 
 
 def test_a_node_that_fails_once_is_restarted_and_the_run_succeeds(tmp_path: Path) -> None:
