@@ -8,12 +8,13 @@ and applied by `localize_env`; `resolve_env` emulates the pod fields a `fieldRef
 
 from __future__ import annotations
 
+import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kubetrain.api.contract import MASTER_ADDR, MASTER_PORT, PET_PREFIX
+from kubetrain.api.contract import CHECKPOINT_DIR_ENV, MASTER_ADDR, MASTER_PORT, PET_PREFIX
 from kubetrain.api.training import CONFIG_ENV, TrainConfig
 
 
@@ -33,7 +34,7 @@ LOCAL_REWRITES: tuple[tuple[str, str], ...] = (
         "node 0's DNS name -> 127.0.0.1 (--netns: kept; each namespace's /etc/hosts resolves the pods' names)",
     ),
     (f"{MASTER_PORT}, {PET_PREFIX}{MASTER_PORT}", "spec.masterPort -> a free local port, new for each attempt"),
-    (CONFIG_ENV, "checkpoint.dir (the volume's mount path) -> <run-dir>/checkpoints"),
+    (f"{CONFIG_ENV}, {CHECKPOINT_DIR_ENV}", "checkpoint.dir (the volume's mount path) -> <run-dir>/checkpoints"),
     (CUDA_VISIBLE_DEVICES, "node i gets GPUs [i*gpusPerNode, (i+1)*gpusPerNode) of the visible ones; '' on CPU"),
     (OMP_NUM_THREADS, "the machine's cores shared among all processes (unless set in spec.env)"),
     (PYTHONUNBUFFERED, "1: output is a pipe read line by line"),
@@ -102,6 +103,8 @@ def localize_env(
         config = TrainConfig.model_validate_json(env[CONFIG_ENV])
         config.checkpoint.dir = str(checkpoint_dir)
         rewrites[CONFIG_ENV] = config.to_env_value()
+    if CHECKPOINT_DIR_ENV in env:
+        rewrites[CHECKPOINT_DIR_ENV] = str(checkpoint_dir)
     rewrites[CUDA_VISIBLE_DEVICES] = cuda_visible_devices
     if OMP_NUM_THREADS not in env:
         rewrites[OMP_NUM_THREADS] = str(threads_per_process)
@@ -111,3 +114,30 @@ def localize_env(
     changed = {name: (env.get(name), value) for name, value in rewrites.items() if env.get(name) != value}
     local.update(rewrites)
     return local, changed
+
+
+# `$$` (an escaped `$`) or `$(NAME)`: NAME is everything up to the first `)`. Any other `$` (a
+# trailing one, `$x`, a `$(` with no `)` after it) stays as it is.
+_REFERENCE = re.compile(r"\$(\$|\(([^)]*)\))")
+
+
+def expand(text: str, variables: Mapping[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion of a container's command, args and env values
+    (k8s.io/kubernetes third_party/forked/golang/expansion): `$(NAME)` becomes the variable's
+    value, `$$` becomes `$`, and a reference to an unknown name is left as it is."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(1) == "$":
+            return "$"
+        return variables.get(match.group(2), match.group(0))
+
+    return _REFERENCE.sub(replace, text)
+
+
+def expand_env(env: Mapping[str, str], literal: Collection[str]) -> dict[str, str]:
+    """The env with the `literal` values (those given as `value`, not `valueFrom`) expanded in
+    order, as the kubelet does: each sees only the variables defined before it."""
+    expanded: dict[str, str] = {}
+    for name, value in env.items():
+        expanded[name] = expand(value, expanded) if name in literal else value
+    return expanded

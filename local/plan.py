@@ -26,7 +26,15 @@ from kubetrain.api import naming
 from kubetrain.api.contract import is_reserved
 from kubetrain.api.manifest import InvalidTrainingJob, load, parse
 from kubetrain.api.models import TrainingJob
-from kubetrain.local.localize import CUDA_VISIBLE_DEVICES, LOCAL_REWRITES, LocalRunError, localize_env, resolve_env
+from kubetrain.local.localize import (
+    CUDA_VISIBLE_DEVICES,
+    LOCAL_REWRITES,
+    LocalRunError,
+    expand,
+    expand_env,
+    localize_env,
+    resolve_env,
+)
 from kubetrain.operator.render import render_pods
 
 LOCAL_NAMESPACE = "default"
@@ -123,8 +131,9 @@ class LocalPlan:
         out = []
         for rank, pod in enumerate(self.pods(attempt)):
             container = next(c for c in pod["spec"]["containers"] if c["name"] == naming.CONTAINER_NAME)
+            entries = container.get("env", [])
             env, changed = localize_env(
-                resolve_env(container.get("env", []), pod, self.node_addrs[rank]),
+                resolve_env(entries, pod, self.node_addrs[rank]),
                 master_addr=None if self.netns else self.node_addrs[0],
                 master_port=master_port,
                 checkpoint_dir=self.checkpoint_dir.resolve(),
@@ -132,11 +141,13 @@ class LocalPlan:
                 threads_per_process=self.threads_per_process(),
                 socket_ifname=self.socket_ifname,
             )
+            # As the kubelet does, with the local values: env values first, then command and args.
+            env = expand_env(env, [entry["name"] for entry in entries if "valueFrom" not in entry])
             out.append(
                 NodeProcess(
                     rank=rank,
                     pod_name=pod["metadata"]["name"],
-                    argv=[*container["command"], *container.get("args", [])],
+                    argv=[expand(arg, env) for arg in [*container["command"], *container.get("args", [])]],
                     env=env,
                     rewritten=changed,
                     netns=self.netns[rank] if self.netns else None,

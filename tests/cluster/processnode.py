@@ -38,6 +38,7 @@ from typing import Any
 
 from kubernetes import client
 
+from kubetrain.local.localize import expand
 from kubetrain.local.processes import ProcessTree, note_groups, stop, subreaper
 
 from .kubelet import node_manifest as _node_manifest
@@ -270,7 +271,7 @@ class ProcessNode:
                 env.update({prefix + k: base64.b64decode(v).decode() for k, v in data.items()})
         for var in container.env or []:
             if var.value_from is None:
-                env[var.name] = _expand(var.value or "", env)
+                env[var.name] = expand(var.value or "", env)
             else:
                 env[var.name] = self._value_from(pod, var.value_from)
         env = {k: self._rewrite(v, mounts) for k, v in env.items()}
@@ -309,7 +310,7 @@ class ProcessNode:
 
     def _spawn(self, pod: Any, container: Any, mounts: dict[str, Path], state: _Pod) -> ProcessTree:
         env = self._env(pod, container, mounts)
-        argv = [_expand(a, env) for a in [*(container.command or []), *(container.args or [])]]
+        argv = [expand(a, env) for a in [*(container.command or []), *(container.args or [])]]
         if not argv:
             raise ValueError(f"{pod.metadata.name}/{container.name}: no command; a process node cannot run an image")
         argv = [self._rewrite(a, mounts) for a in argv]
@@ -391,14 +392,3 @@ class ProcessNode:
         if init_failed:
             status["message"] = f"init container {init_failed[0]} exited with {init_failed[1]}"
         self.core.patch_namespaced_pod_status(state.name, state.namespace, {"status": status})
-
-
-def _expand(value: str, env: dict[str, str]) -> str:
-    """Kubernetes' $(VAR) expansion ($$ escapes), for env values, command and args."""
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", lambda m: _lookup(m, env), value)
-
-
-def _lookup(match: re.Match[str], env: dict[str, str]) -> str:
-    if match.group(0) == "$$":
-        return "$"
-    return env.get(match.group(1), match.group(0))
