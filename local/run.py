@@ -13,7 +13,7 @@ from typing import TextIO
 from kubetrain.api.manifest import InvalidTrainingJob
 from kubetrain.local import netns as netns_mod
 from kubetrain.local.localize import LocalRunError
-from kubetrain.local.plan import check_command, claim_run_dir, make_plan, write_run_files
+from kubetrain.local.plan import LocalPlan, check_command, claim_run_dir, make_plan, write_run_files
 from kubetrain.local.plot import plot_run
 from kubetrain.local.result import EXIT_BAD_INPUT, EXIT_FAILED
 from kubetrain.local.supervisor import NodeStartError, Supervisor
@@ -49,37 +49,47 @@ def run_local(
     with contextlib.ExitStack() as stack:
         if netns:
             try:
-                pods = plan.pods(attempt=0)
-                namespaces = stack.enter_context(
-                    netns_mod.node_namespaces(plan.job.name, [netns_mod.pod_hostnames(pod) for pod in pods])
-                )
+                plan = in_namespaces(plan, stack)
             except netns_mod.NetnsError as error:
                 print(f"error: --netns: {error}", file=err)
                 return EXIT_BAD_INPUT
-            plan = replace(
-                plan,
-                node_addrs=[ns.addr for ns in namespaces],
-                netns=[ns.name for ns in namespaces],
-                socket_ifname=netns_mod.NODE_IFNAME,
-            )
         if run_dir is None:
             plan = replace(plan, run_dir=claim_run_dir(plan.run_dir))
         write_run_files(plan, plan.nodes(attempt=0, master_port=plan.job.spec.master_port))
-        view = make_view(out)
+        return supervise(plan, out, err)
+
+
+def in_namespaces(plan: LocalPlan, stack: contextlib.ExitStack) -> LocalPlan:
+    """The plan with each node in a network namespace of its own (removed when `stack` closes)."""
+    pods = plan.pods(attempt=0)
+    namespaces = stack.enter_context(
+        netns_mod.node_namespaces(plan.job.name, [netns_mod.pod_hostnames(pod) for pod in pods])
+    )
+    return replace(
+        plan,
+        node_addrs=[ns.addr for ns in namespaces],
+        netns=[ns.name for ns in namespaces],
+        socket_ifname=netns_mod.NODE_IFNAME,
+    )
+
+
+def supervise(plan: LocalPlan, out: TextIO, err: TextIO) -> int:
+    """Run the gang to its end, then the plot and the summary; returns the exit code."""
+    view = make_view(out)
+    try:
+        view.begin(plan)
         try:
-            view.begin(plan)
-            try:
-                result = Supervisor(plan, view).run()
-            except NodeStartError as error:
-                view.close()
-                print(f"error: {error}", file=err)
-                return EXIT_FAILED
-            try:
-                result.plot = str(plot_run(plan.run_dir))
-            except (OSError, ValueError, ImportError) as error:
-                view.notice(f"no plot: {error}")
-            (plan.run_dir / "summary.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
-            view.end(result)
-        finally:
+            result = Supervisor(plan, view).run()
+        except NodeStartError as error:
             view.close()
+            print(f"error: {error}", file=err)
+            return EXIT_FAILED
+        try:
+            result.plot = str(plot_run(plan.run_dir))
+        except (OSError, ValueError, ImportError) as error:
+            view.notice(f"no plot: {error}")
+        (plan.run_dir / "summary.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        view.end(result)
+    finally:
+        view.close()
     return result.exit_code

@@ -47,6 +47,7 @@ CASES: list[tuple[str, str | None, Any, list[str], str]] = [
     ),
     ("command-missing", "spec.command", ["no-such-program-kt"], [], "spec.command: 'no-such-program-kt' not found"),
     ("too-many-gpus", None, None, ["--gpus-per-node", "16"], "spec.gpusPerNode"),
+    ("suspended", "spec.runPolicy", {"suspend": True}, [], "spec.runPolicy.suspend"),
 ]
 
 
