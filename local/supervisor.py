@@ -42,6 +42,8 @@ NOTE_GROUPS_EVERY_S = 1.0
 POLL_S = 0.1
 # Rank 0's progress goes to status.json at most this often (a finished decision at once).
 PUBLISH_EVERY_S = 1.0
+# How long the output of an exited node is awaited (see _drain).
+READ_TAIL_S = 2.0
 # A failed process's termination message: the end of its output, as Kubernetes takes it
 # for terminationMessagePolicy FallbackToLogsOnError (80 lines or 2048 bytes, the smaller).
 MESSAGE_LINES = 80
@@ -72,6 +74,7 @@ class _Node:
     tree: ProcessTree
     started: datetime
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))
+    readers: list[threading.Thread] = field(default_factory=list)
     finished: datetime | None = None
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=MESSAGE_LINES))
 
@@ -150,7 +153,6 @@ class Supervisor:
                     self._loop()
                 finally:
                     self._stop(list(self.nodes.values()))
-                    self._pump(0)
         finally:
             self.result.wall_s = time.monotonic() - self._started
             self._publish(force=True)
@@ -183,9 +185,11 @@ class Supervisor:
 
     def _reconcile(self) -> None:
         now = datetime.now(UTC)
-        for node in self.nodes.values():
-            if node.finished is None and not node.tree.running():
-                node.finished = now
+        exited = [node for node in self.nodes.values() if node.finished is None and not node.tree.running()]
+        for node in exited:
+            node.finished = now
+        # Its last lines (a `done` record, the error of a failed node) before its pod view.
+        self._drain(exited, READ_TAIL_S)
         pods = [node.view(self.plan.uid) for node in self.nodes.values()]
         self._apply(decide(self.job, self.plan.uid, pods, True, now, Policy()))
 
@@ -223,7 +227,8 @@ class Supervisor:
             node = _Node(spec, attempt, self._launch(spec), datetime.now(UTC))
             self.nodes[spec.pod_name] = node
             for name, pipe in (("stdout", node.tree.proc.stdout), ("stderr", node.tree.proc.stderr)):
-                threading.Thread(target=self._read, args=(node, name, pipe), daemon=True).start()
+                node.readers.append(threading.Thread(target=self._read, args=(node, name, pipe), daemon=True))
+                node.readers[-1].start()
         current = sorted((n for n in self.nodes.values() if n.attempt == attempt), key=lambda n: n.spec.rank)
         pids = [node.tree.pid for node in current]
         (self.plan.run_dir / "pids.json").write_text(json.dumps({"attempt": attempt, "pids": pids}) + "\n")
@@ -248,11 +253,21 @@ class Supervisor:
         live = stop([n.tree for n in nodes], self.grace_s, wait=lambda: self._pump(0.05), hurry=lambda: self._hurry)
         if live:
             self.view.notice(f"stopped {live} running node(s) in {time.monotonic() - started:.1f}s")
+        self._drain(nodes, READ_TAIL_S)
         for node in nodes:
             del self.nodes[node.spec.pod_name]
             self._codes.setdefault(node.attempt, {})[node.spec.rank] = node.tree.proc.returncode
 
     # --- output --------------------------------------------------------------------------
+
+    def _drain(self, nodes: Sequence[_Node], timeout_s: float) -> None:
+        """Handle what exited nodes wrote. Their pipes close when the last process holding them
+        exits: an orphaned worker may keep one open, so the wait is bounded."""
+        deadline = time.monotonic() + timeout_s
+        for node in nodes:
+            for reader in node.readers:
+                reader.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._pump(0)
 
     def _read(self, node: _Node, stream: str, pipe: IO[bytes]) -> None:
         with pipe:
