@@ -6,9 +6,9 @@ first optimizer step), then stops the run with SIGINT. As a floor for the same m
 moment, `python -c "import torch"` is timed in between: every node runs torchrun and one
 worker, so 4 processes import torch before the first step.
 
-    .venv/bin/python benchmarks/local_startup.py [--repeats 5]
+    .venv/bin/python benchmarks/local_startup.py [--repeats 5] [--output FILE]
 
-Writes benchmarks/results/local_startup.json.
+Writes benchmarks/results/local_startup.json (or --output).
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ def import_torch_s() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
 
     job = next(
@@ -136,8 +137,8 @@ def main() -> None:
         },
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k.endswith("_s")}))
 
 

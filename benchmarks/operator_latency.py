@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "operator")]
+sys.path.insert(0, str(ROOT / "tests"))
 
-from cluster import controlplane  # noqa: E402
-from cluster.controlplane import wait_for  # noqa: E402
-from operator_tools import OperatorProcess  # noqa: E402
+from support import controlplane  # noqa: E402
+from support.operator_process import OperatorProcess  # noqa: E402
+from support.waiting import wait_for  # noqa: E402
 
-from kubetrain.operator import naming  # noqa: E402
+from kubetrain.api import naming  # noqa: E402
 
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
 RESOURCES = ("pods", "services", "events", "trainingjobs")

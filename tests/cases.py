@@ -10,27 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-BASE_JOB: dict[str, Any] = {
-    "apiVersion": "kubetrain.dev/v1alpha1",
-    "kind": "TrainingJob",
-    "metadata": {"name": "valid-job"},
-    "spec": {
-        "nodes": 2,
-        "gpusPerNode": 0,
-        "image": "kubetrain/trainer:0.1.0-cpu",
-        "training": {"model": "mlp", "dataset": "digits", "epochs": 2, "batchSize": 16},
-        "checkpoint": {"everySteps": 10, "keep": 2},
-        "runPolicy": {"maxRestarts": 2},
-    },
-}
-
-
-def valid_job(name: str = "valid-job", **spec: Any) -> dict[str, Any]:
-    """BASE_JOB with top-level spec fields replaced."""
-    job = copy.deepcopy(BASE_JOB)
-    job["metadata"]["name"] = name
-    job["spec"].update(spec)
-    return job
+from support.jobs import BASE_JOB
 
 
 def _with(path: str, value: Any, *, name: str | None = None) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Shared fixtures. `control_plane` is a real etcd + kube-apiserver + kube-controller-manager
-on 127.0.0.1 (see tests/cluster/controlplane.py), started once per session.
+on 127.0.0.1 (see tests/support/controlplane.py), started once per session.
 
 Where the binaries are missing the tests that need them are skipped, naming what is missing.
 With KUBETRAIN_REQUIRE_CONTROL_PLANE=1 (set by .ci/run) that skip is a failure instead, and
@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import controlplane
-from cluster.controlplane import ControlPlane, Unavailable, wait_for
+from support import controlplane
+from support.controlplane import ControlPlane, Unavailable
+from support.waiting import wait_for
 
 REQUIRE_ENV = "KUBETRAIN_REQUIRE_CONTROL_PLANE"
 ROOT = Path(__file__).resolve().parent.parent

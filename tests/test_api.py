@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cases import BASE_JOB, INVALID_JOBS, valid_job
+from cases import INVALID_JOBS
+from support.jobs import BASE_JOB, valid_job
 
 from kubetrain.api import manifest, naming
 from kubetrain.api.contract import RESERVED_ENV

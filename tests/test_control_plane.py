@@ -18,12 +18,14 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from cases import INVALID_JOBS, valid_job
-from cluster.controlplane import ControlPlane, find_tool, free_port, wait_for
-from cluster.kubelet import FakeKubelet
-from cluster.operator_process import OperatorProcess
-from cluster.processnode import ProcessNode
+from cases import INVALID_JOBS
 from kubernetes import client
+from support.controlplane import ControlPlane, find_tool, free_port
+from support.jobs import valid_job
+from support.kubelet import FakeKubelet
+from support.operator_process import OperatorProcess
+from support.processnode import ProcessNode
+from support.waiting import wait_for
 
 from kubetrain.api import naming
 
@@ -31,10 +33,6 @@ pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUP, VERSION, PLURAL = naming.GROUP, naming.VERSION, naming.PLURAL
-
-
-def job_doc(name: str, **spec: Any) -> dict[str, Any]:
-    return valid_job(name, **spec)
 
 
 def create_job(api: Any, namespace: str, doc: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
@@ -88,7 +86,7 @@ def test_crd_is_established_with_status_subresource(crds_installed: ControlPlane
 def test_valid_job_is_accepted_by_kubectl_apply(crds_installed: ControlPlane, namespace: str) -> None:
     # kubectl apply downloads the server's OpenAPI first: this is what breaks when the
     # apiserver is built with the wrong Go version.
-    doc = job_doc("valid")
+    doc = valid_job("valid")
     crds_installed.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
     got = json.loads(crds_installed.kubectl("get", "trainingjob", "valid", "-n", namespace, "-o", "json").stdout)
     assert got["spec"]["nodes"] == doc["spec"]["nodes"]
@@ -97,7 +95,7 @@ def test_valid_job_is_accepted_by_kubectl_apply(crds_installed: ControlPlane, na
 
 
 def test_valid_job_is_accepted_and_defaulted(crds_installed: ControlPlane, kube_api: Any, namespace: str) -> None:
-    doc = job_doc("defaults")
+    doc = valid_job("defaults")
     created = create_job(kube_api, namespace, doc)
     assert created["metadata"]["generation"] == 1
     # The server fills the schema's defaults: everything we sent is kept, and more is set.
@@ -127,7 +125,7 @@ def test_status_changes_only_through_the_status_subresource(
     crds_installed: ControlPlane, kube_api: Any, namespace: str
 ) -> None:
     api = client.CustomObjectsApi(kube_api)
-    doc = job_doc("status")
+    doc = valid_job("status")
     doc["status"] = {"phase": "Succeeded"}
     created = create_job(kube_api, namespace, doc)
     assert created.get("status", {}).get("phase") is None, "status was written on create"
@@ -256,7 +254,7 @@ def test_deleting_a_trainingjob_collects_its_pods_and_service(
     crds_installed: ControlPlane, kube_api: Any, namespace: str
 ) -> None:
     core = client.CoreV1Api(kube_api)
-    job = create_job(kube_api, namespace, job_doc("owner"))
+    job = create_job(kube_api, namespace, valid_job("owner"))
     ref = owner_ref(job["apiVersion"], job["kind"], "owner", job["metadata"]["uid"])
     dependent = pod("owner-node-0")
     dependent["metadata"]["ownerReferences"] = [ref]
@@ -431,7 +429,7 @@ def test_rendered_gang_is_admitted_as_restricted_and_runs_ddp(
     core.patch_namespace(namespace, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
     port = free_port()
     created = create_job(
-        kube_api, namespace, job_doc("ddp", command=[sys.executable, "-c", DDP_SCRIPT], masterPort=port)
+        kube_api, namespace, valid_job("ddp", command=[sys.executable, "-c", DDP_SCRIPT], masterPort=port)
     )
     job = TrainingJob.model_validate(created)
     uid = created["metadata"]["uid"]
@@ -455,7 +453,7 @@ def test_end_to_end_apply_operator_pods_training_succeeded(
     """kubectl apply -> the operator creates the gang -> the process node runs the real
     trainer under torchrun (gloo, 2 nodes) -> the TrainingJob reports Succeeded."""
     master_port = free_port()
-    doc = job_doc("e2e", masterPort=master_port)
+    doc = valid_job("e2e", masterPort=master_port)
     doc["spec"]["training"] = {**doc["spec"]["training"], "epochs": 1}
     custom = client.CustomObjectsApi(kube_api)
 

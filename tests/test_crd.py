@@ -10,7 +10,8 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from cases import INVALID_JOBS, valid_job
+from cases import INVALID_JOBS
+from support.jobs import valid_job
 
 from kubetrain.api import crd, manifest, naming
 

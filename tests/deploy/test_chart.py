@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from deploy_tools import (
+from support.tools import (
     CHART,
     CLUSTER_ONLY_RULES,
     NAMESPACED_RULES,

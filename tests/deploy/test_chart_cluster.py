@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 import yaml
-from cases import valid_job
-from cluster.controlplane import ControlPlane, free_port, wait_for
-from cluster.kubelet import FakeKubelet
-from deploy_tools import CHART, CLUSTER_ONLY_RULES, NAMESPACED_RULES
+from support.controlplane import ControlPlane, free_port, service_account_kubeconfig
+from support.jobs import valid_job
+from support.kubelet import FakeKubelet
+from support.tools import CHART, CLUSTER_ONLY_RULES, NAMESPACED_RULES
+from support.waiting import wait_for
 
 from kubetrain.api import naming
 
@@ -218,15 +219,6 @@ def test_helm_install_namespaced_mode_is_confined_to_its_namespaces(
         assert not can_i(control_plane, subject, verb, resource, None), f"may {verb} {resource} cluster-wide"
     for verb, resource in [*DENIED, *expected_requests(CLUSTER_ONLY_RULES)]:
         assert not can_i(control_plane, subject, verb, resource, watched), f"may {verb} {resource} in {watched}"
-
-
-def service_account_kubeconfig(cp: ControlPlane, namespace: str, account: str, path: Path) -> Path:
-    token = cp.kubectl("create", "token", account, "-n", namespace, "--duration=1h").stdout.strip()
-    config: dict[str, Any] = yaml.safe_load(cp.kubeconfig.read_text())
-    for user in config["users"]:
-        user["user"] = {"token": token}
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def test_operator_runs_with_the_charts_env_and_service_account(

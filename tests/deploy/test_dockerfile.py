@@ -9,8 +9,8 @@ import tomllib
 from importlib import metadata
 
 import pytest
-from deploy_tools import ROOT, missing_tool, which
 from packaging.requirements import Requirement
+from support.tools import ROOT, missing_tool, which
 
 from kubetrain.api.contract import DEFAULT_COMMAND
 from kubetrain.operator.render import RUN_AS_USER

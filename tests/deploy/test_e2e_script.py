@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 import yaml
-from deploy_tools import ROOT, missing_tool, which
+from support.tools import ROOT, missing_tool, which
 
 SCRIPT = ROOT / "tests" / "e2e" / "kind-e2e.sh"
 WORKFLOW = ROOT / ".github" / "workflows" / "e2e.yaml"

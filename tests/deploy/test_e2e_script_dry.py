@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from deploy_tools import ROOT
+from support.tools import ROOT
 
 SCRIPT = ROOT / "tests" / "e2e" / "kind-e2e.sh"
 

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localrun_helpers import fake_job, run_cli, write_job
+from support.jobs import fake_job, write_job
+from support.local_runs import run_cli
 from typer.testing import CliRunner
 
 from kubetrain.cli.main import app

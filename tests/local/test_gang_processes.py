@@ -11,7 +11,9 @@ import textwrap
 from pathlib import Path
 
 import psutil
-from localrun_helpers import KUBETRAIN, alive, fake_job, start_run, summary, wait_for, write_job
+from support.jobs import fake_job, write_job
+from support.local_runs import KUBETRAIN, alive, start_run, summary
+from support.waiting import wait_for
 
 
 def running(pid: int) -> bool:
@@ -81,7 +83,7 @@ def interrupt_a_run_of_two_trees(tmp_path: Path, script: str) -> list[int]:
         kids = me.children(recursive=True)
         return kids if len(kids) >= 4 else None
 
-    tree = wait_for("2 nodes with a child each", tree_of_four, 60, proc)
+    tree = wait_for(tree_of_four, 60, "2 nodes with a child each", proc=proc)
     seen = [(p.pid, p.create_time()) for p in tree]
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from localrun_helpers import DIGITS_CPU, fake_job, write_job
+from support.jobs import DIGITS_CPU, fake_job, write_job
 
 from kubetrain.api.manifest import load
 from kubetrain.api.training import CONFIG_ENV, TrainConfig

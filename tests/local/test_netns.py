@@ -8,7 +8,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from localrun_helpers import digits_job, fake_job, is_root, records, start_run, summary, write_job
+from support.jobs import digits_job, fake_job, write_job
+from support.local_runs import is_root, records, start_run, summary
 
 pytestmark = pytest.mark.skipif(
     not is_root() or shutil.which("ip") is None, reason="--netns needs root and iproute2's `ip`"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from localrun_helpers import run_cli
+from support.local_runs import run_cli
 
 from kubetrain.local.plot import curves
 

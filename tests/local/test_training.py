@@ -12,17 +12,9 @@ from typing import Any
 import psutil
 import pytest
 import torch
-from localrun_helpers import (
-    DIGITS_CPU,
-    alive,
-    digits_job,
-    records,
-    run_cli,
-    start_run,
-    summary,
-    wait_for,
-    write_job,
-)
+from support.jobs import DIGITS_CPU, digits_job, write_job
+from support.local_runs import alive, records, run_cli, start_run, summary
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -71,10 +63,10 @@ def test_killing_a_node_restarts_the_gang_and_ends_with_the_same_weights(tmp_pat
     run_dir = tmp_path / "killed"
     proc = start_run(job_file, run_dir)
     wait_for(
-        "a checkpoint at step 20",
         lambda: next((r for r in records(run_dir) if r["event"] == "checkpoint" and r["step"] >= 20), None),
         240,
-        proc,
+        "a checkpoint at step 20",
+        proc=proc,
     )
     total = records(run_dir)[-1]["total_steps"]
     os.kill(json.loads((run_dir / "pids.json").read_text())["pids"][1], signal.SIGKILL)
@@ -101,7 +93,9 @@ def test_sigint_mid_training_leaves_no_process(tmp_path: Path) -> None:
     job_file = write_job(tmp_path, digits_job(epochs=200))
     run_dir = tmp_path / "run"
     proc = start_run(job_file, run_dir)
-    wait_for("the first step", lambda: next((r for r in records(run_dir) if r["event"] == "step"), None), 240, proc)
+    wait_for(
+        lambda: next((r for r in records(run_dir) if r["event"] == "step"), None), 240, "the first step", proc=proc
+    )
     tree = psutil.Process(proc.pid).children(recursive=True)
     assert len(tree) >= 4, "torchrun and one worker per node"
     seen = [(p.pid, p.create_time()) for p in tree]

@@ -1,4 +1,4 @@
-"""Fixtures of the operator's control-plane tests (helpers in operator_tools.py)."""
+"""Fixtures of the operator's control-plane tests (helpers in tests/support/)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster.controlplane import ControlPlane
-from cluster.kubelet import FakeKubelet
-from cluster.operator_process import OperatorProcess
 from kubernetes import client
-from operator_tools import Cluster
+from support.controlplane import ControlPlane
+from support.kubelet import FakeKubelet
+from support.objects import Cluster
+from support.operator_process import OperatorProcess
 
 
 @pytest.fixture

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster.controlplane import ControlPlane, wait_for
-from cluster.kubelet import FakeKubelet
-from cluster.operator_process import OperatorProcess
 from kubernetes import client
-from operator_tools import Cluster, condition, has_condition
+from support.controlplane import ControlPlane
+from support.kubelet import FakeKubelet
+from support.objects import Cluster, condition, has_condition
+from support.operator_process import OperatorProcess
+from support.waiting import wait_for
 
 from kubetrain.api import naming
 from kubetrain.api.models import TrainingJob

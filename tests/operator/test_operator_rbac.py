@@ -5,14 +5,14 @@ its log. (tests/deploy/test_chart_cluster.py covers namespaced mode with the cha
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from cluster.controlplane import ControlPlane, find_tool, wait_for
-from cluster.kubelet import FakeKubelet
-from cluster.operator_process import OperatorProcess
-from operator_tools import Cluster, has_condition
+from support.controlplane import ControlPlane, find_tool, service_account_kubeconfig
+from support.kubelet import FakeKubelet
+from support.objects import Cluster, has_condition
+from support.operator_process import OperatorProcess
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -39,12 +39,7 @@ def test_cluster_mode_as_the_charts_service_account(
             doc["roleRef"]["name"] += "-" + release_ns
     cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
     account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
-    token = cp.kubectl("create", "token", account, "-n", release_ns, "--duration=1h").stdout.strip()
-    config: dict[str, Any] = yaml.safe_load(cp.kubeconfig.read_text())
-    for user in config["users"]:
-        user["user"] = {"token": token}
-    kubeconfig = tmp_path / "sa.kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump(config))
+    kubeconfig = service_account_kubeconfig(cp, release_ns, account, tmp_path / "sa.kubeconfig")
 
     proc = OperatorProcess(kubeconfig, tmp_path / "operator.log", namespaces="", log_level="debug").start()
     try:

@@ -8,10 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-from cluster.controlplane import ControlPlane, free_port, wait_for
-from cluster.operator_process import OperatorProcess
-from cluster.processnode import ProcessNode
-from operator_tools import Cluster, has_condition
+from support.controlplane import ControlPlane, free_port
+from support.objects import Cluster, has_condition
+from support.operator_process import OperatorProcess
+from support.processnode import ProcessNode
+from support.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

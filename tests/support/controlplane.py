@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 HERE = Path(__file__).resolve().parent
-INSTALL_SH = HERE / "install.sh"
+INSTALL_SH = HERE.parent / "cluster" / "install.sh"
 BIN_ENV = "KUBETRAIN_K8S_BIN"
 K8S_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
 SERVICE_CIDR = "10.96.0.0/16"
@@ -84,19 +86,6 @@ def find_tool(name: str) -> Path | None:
             return candidate
     found = shutil.which(name)
     return Path(found) if found else None
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    """Poll `condition()` until it returns something truthy and return that; raise
-    AssertionError naming `what` at the deadline. Tests wait on conditions, never fixed sleeps."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 def free_ports(count: int) -> list[int]:
@@ -190,6 +179,15 @@ contexts:
 current-context: kubetrain-test
 """
     )
+
+
+def service_account_kubeconfig(cp: ControlPlane, namespace: str, account: str, path: Path) -> Path:
+    token = cp.kubectl("create", "token", account, "-n", namespace, "--duration=1h").stdout.strip()
+    config: dict[str, Any] = yaml.safe_load(cp.kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": token}
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 @dataclass

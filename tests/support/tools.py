@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
-from cluster.controlplane import find_tool
+
+from support.controlplane import find_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kubetrain"

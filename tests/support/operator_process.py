@@ -12,7 +12,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from cluster.controlplane import free_ports, wait_for
+from support.controlplane import free_ports
+from support.waiting import wait_for
 
 KUBETRAIN = Path(sys.executable).parent / "kubetrain"
 

@@ -7,46 +7,13 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
-
-import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBETRAIN = str(Path(sys.executable).parent / "kubetrain")
 DIGITS_CPU = ROOT / "examples" / "digits-cpu.yaml"
 T = TypeVar("T")
-
-
-def training_job(path: Path = DIGITS_CPU) -> dict[str, Any]:
-    """The TrainingJob document of an example file (without the PVC next to it)."""
-    return next(doc for doc in yaml.safe_load_all(path.read_text()) if doc and doc.get("kind") == "TrainingJob")
-
-
-def write_job(directory: Path, job: dict[str, Any], name: str = "job.yaml") -> Path:
-    path = directory / name
-    path.write_text(yaml.safe_dump(job, sort_keys=False))
-    return path
-
-
-def digits_job(**training: Any) -> dict[str, Any]:
-    """examples/digits-cpu.yaml with spec.training fields replaced."""
-    job = training_job()
-    job["spec"]["training"].update(training)
-    return job
-
-
-def fake_job(script: str, *, nodes: int = 2, **spec: Any) -> dict[str, Any]:
-    """A job whose nodes run a short Python script instead of the trainer (no torch)."""
-    return {
-        "apiVersion": "kubetrain.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": "fake"},
-        "spec": {"nodes": nodes, "command": [sys.executable, "-c", script], **spec},
-    }
 
 
 def start_run(job_file: Path, run_dir: Path, *args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
@@ -63,20 +30,6 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240) -> subpro
     return subprocess.run(
         [KUBETRAIN, *args], cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout, check=False
     )
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout: float, proc: subprocess.Popen[str] | None = None) -> T:
-    """Poll `check` until it returns a value; fail at the deadline or when `proc` ended first."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value is not None:
-            return value
-        if proc is not None and proc.poll() is not None:
-            out = proc.stdout.read() if proc.stdout else ""
-            pytest.fail(f"waiting for {what}: the run exited with {proc.returncode}\n{out[-4000:]}")
-        time.sleep(0.02)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 def records(run_dir: Path) -> list[dict[str, Any]]:

@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cluster.controlplane import wait_for
-
 from kubetrain.api import naming
+from support.waiting import wait_for
 
 
 class Cluster:

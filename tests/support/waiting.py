@@ -1,0 +1,35 @@
+"""The one way tests wait: poll a condition until it holds, with a deadline that names what was
+awaited. Tests wait on conditions, never on fixed sleeps."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(
+    condition: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    *,
+    interval: float = 0.1,
+    proc: subprocess.Popen[str] | None = None,
+) -> T:
+    """Poll `condition()` until it returns something truthy and return that. At the deadline, or
+    when `proc` (a process the condition depends on) exits first, raise AssertionError naming
+    `what` (and the process' exit code and output tail)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"waiting for {what}: the process exited with {proc.returncode}\n{out[-4000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
