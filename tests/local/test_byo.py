@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from localrun_helpers import ROOT, records, run_cli, summary, training_job, write_job
+from support.jobs import ROOT, training_job, write_job
+from support.local_runs import records, run_cli, summary
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from localrun_helpers import fake_job, run_cli, summary, write_job
+from support.jobs import fake_job, write_job
+from support.local_runs import run_cli, summary
 
 from kubetrain.local import plan as local
 from kubetrain.local.localize import expand, expand_env

@@ -9,7 +9,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from localrun_helpers import fake_job, start_run, summary, write_job
+from support.jobs import fake_job, write_job
+from support.local_runs import start_run, summary
 
 from kubetrain.api.models import TrainingJobStatus
 from kubetrain.api.records import fold
