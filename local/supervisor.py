@@ -2,7 +2,8 @@
 
 Each loop turns the node processes into the pod views the operator sees on a cluster
 (`kubetrain.operator.status.PodView`: Running while the process lives, then Succeeded or
-Failed with its exit code, `finished` = when the exit was observed) and calls the operator's
+Failed with its exit code, `finished` = when the exit was observed, to the second as on a
+cluster) and calls the operator's
 pure `status.decide`. Its Decision is applied here as the operator applies it to the API:
 `status` becomes `<run-dir>/status.json` (the shape of the cluster's `.status`),
 `delete_pods` stops those processes (`kubetrain.local.processes`), `create_ranks` starts
@@ -63,6 +64,13 @@ class RunView(Protocol):
 
 class NodeStartError(RuntimeError):
     pass
+
+
+def _now() -> datetime:
+    """Whole seconds, as the API server keeps every time in a status (metav1.Time) and as the fold
+    keeps rank 0's record times: comparisons between them (the node blamed, hang detection) then
+    come out as on a cluster."""
+    return datetime.now(UTC).replace(microsecond=0)
 
 
 @dataclass
@@ -184,7 +192,7 @@ class Supervisor:
                     return
 
     def _reconcile(self) -> None:
-        now = datetime.now(UTC)
+        now = _now()
         exited = [node for node in self.nodes.values() if node.finished is None and not node.tree.running()]
         for node in exited:
             node.finished = now
@@ -224,7 +232,7 @@ class Supervisor:
         specs = [spec for spec in self.plan.nodes(attempt, master_port=port) if spec.rank in ranks]
         for spec in specs:
             self._logs[spec.rank].write(f"=== kubetrain: attempt {attempt} ===\n")
-            node = _Node(spec, attempt, self._launch(spec), datetime.now(UTC))
+            node = _Node(spec, attempt, self._launch(spec), _now())
             self.nodes[spec.pod_name] = node
             for name, pipe in (("stdout", node.tree.proc.stdout), ("stderr", node.tree.proc.stderr)):
                 node.readers.append(threading.Thread(target=self._read, args=(node, name, pipe), daemon=True))
