@@ -24,7 +24,7 @@ LOCAL_RANK = "LOCAL_RANK"
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 PET_PREFIX = "PET_"
 # checkpoint.dir, for scripts of your own: where their checkpoints survive a restart (the
-# checkpoint volume on a cluster, <run-dir>/checkpoints with --local).
+# checkpoint volume on a cluster, <run-dir>/checkpoints with --local). Reserved by the prefix.
 CHECKPOINT_DIR_ENV = "KUBETRAIN_CHECKPOINT_DIR"
 TORCHRUN_MIRRORED = (NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT)
 
@@ -43,7 +43,6 @@ RESERVED_ENV = frozenset(
         LOCAL_WORLD_SIZE,
         *(PET_PREFIX + name for name in TORCHRUN_MIRRORED),
         CONFIG_ENV,
-        CHECKPOINT_DIR_ENV,
     )
 )
 RESERVED_ENV_PREFIX = "KUBETRAIN_"
