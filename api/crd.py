@@ -33,6 +33,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Done%", "type": "integer", "jsonPath": ".status.progress.percent"},
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss", "priority": 1},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+    {
+        "name": "Uncounted",
+        "type": "integer",
+        "jsonPath": ".status.uncountedRestarts",
+        "description": "Gang restarts not counted against maxRestarts (disruptions)",
+        "priority": 1,
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -225,6 +225,104 @@ class CheckpointSpec(CheckpointConfig):
         return CheckpointConfig.model_validate(self.model_dump(exclude={"volume"}))
 
 
+def _cel(rule: str, message: str, field_path: str | None = None) -> ConfigDict:
+    """A model's config carrying one CEL rule for the CRD (its pydantic twin is a validator)."""
+    validation: JsonDict = {"rule": rule, "message": message}
+    if field_path:
+        validation["fieldPath"] = field_path
+    return ConfigDict(json_schema_extra={"x-kubernetes-validations": [validation]})
+
+
+FailureAction = Literal["FailJob", "RestartJob", "RestartJobAndIgnoreMaxRestarts"]
+MAX_EXIT_CODE = 255
+
+
+class ExitCodesRequirement(StrictModel):
+    """Kubernetes' podFailurePolicy onExitCodes: the trainer container's exit code In (or NotIn) `values`."""
+
+    model_config = _cel(
+        "self.operator != 'In' || !(0 in self.values)",
+        "exit code 0 is success: it may not be listed with operator In",
+        ".values",
+    )
+
+    operator: Literal["In", "NotIn"] = Field(
+        description="In: the exit code is one of `values`. NotIn: it is not (exit code 0 never matches)."
+    )
+    values: list[Annotated[int, Field(ge=0, le=MAX_EXIT_CODE)]] = Field(
+        min_length=1,
+        max_length=MAX_EXIT_CODE,
+        description="Exit codes, each listed once.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+    @model_validator(mode="after")
+    def _sensible(self) -> ExitCodesRequirement:
+        if len(set(self.values)) != len(self.values):
+            raise ValueError("values: each exit code may be listed once")
+        if self.operator == "In" and 0 in self.values:
+            raise ValueError("values: exit code 0 is success: it may not be listed with operator In")
+        return self
+
+
+class PodConditionPattern(StrictModel):
+    """Kubernetes' podFailurePolicy onPodConditions entry: a pod condition and its status."""
+
+    type: str = Field(
+        max_length=316,
+        pattern=r"^[A-Za-z][A-Za-z0-9]*$",
+        description="Pod condition type, e.g. DisruptionTarget (eviction, preemption, node drain).",
+    )
+    status: Literal["True", "False", "Unknown"] = Field("True", description="The status it must have.")
+
+
+class FailurePolicyRule(StrictModel):
+    """One rule: an action and exactly one of onExitCodes, onPodConditions or onFailureReasons."""
+
+    model_config = _cel(
+        "[has(self.onExitCodes), has(self.onPodConditions), has(self.onFailureReasons)].exists_one(x, x)",
+        "set exactly one of onExitCodes, onPodConditions or onFailureReasons",
+    )
+
+    action: FailureAction = Field(
+        description=(
+            "FailJob: fail at once. RestartJob: restart the gang, counted against maxRestarts. "
+            "RestartJobAndIgnoreMaxRestarts: restart the gang without counting it (status.uncountedRestarts)."
+        )
+    )
+    on_exit_codes: ExitCodesRequirement | None = Field(None, description="Match the failed pod's exit code.")
+    on_pod_conditions: list[PodConditionPattern] | None = Field(
+        None, min_length=1, max_length=8, description="Match a pod that has any of these conditions."
+    )
+    on_failure_reasons: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=16,
+        description="Match the failure's reason as status.failures[] records it: Stalled, OOMKilled, ...",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+    @model_validator(mode="after")
+    def _one_matcher(self) -> FailurePolicyRule:
+        matchers = (self.on_exit_codes, self.on_pod_conditions, self.on_failure_reasons)
+        if sum(m is not None for m in matchers) != 1:
+            raise ValueError("set exactly one of onExitCodes, onPodConditions or onFailureReasons")
+        return self
+
+
+class FailurePolicy(StrictModel):
+    """What a gang failure leads to, after Kubernetes' podFailurePolicy and JobSet's failurePolicy.
+
+    The first rule that matches decides. Then the defaults: a disruption (pod condition
+    DisruptionTarget, or reason Evicted, Preempted, NodeLost or Terminated) restarts the gang
+    without counting it; anything else restarts it, counted against maxRestarts.
+    """
+
+    rules: list[FailurePolicyRule] = Field(
+        default_factory=list, max_length=20, description="Checked in order; the first match decides."
+    )
+
+
 class RunPolicy(StrictModel):
     """How long, how often and when a job runs. All fields may change while the job runs."""
 
@@ -249,6 +347,18 @@ class RunPolicy(StrictModel):
     )
     suspend: bool = Field(
         False, description="Delete the pods and hold the job (Kueue-compatible); unsuspending resumes it."
+    )
+    failure_policy: FailurePolicy | None = Field(
+        None, description="Which failures fail the job at once, restart the gang, or restart it without counting."
+    )
+    hang_timeout_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=31_536_000,
+        description=(
+            "Restart the gang (failure reason Stalled) when rank 0's progress has not advanced this long "
+            "while every pod runs. Needs rank 0's metrics records; off when omitted."
+        ),
     )
 
 
@@ -427,6 +537,13 @@ class Progress(StrictModel):
     accuracy: float | None = Field(None, ge=0, le=1, description="Last evaluation accuracy.")
     samples_per_second: float | None = Field(None, ge=0, description="Global training throughput.")
     updated_at: datetime | None = Field(None, description="When rank 0 reported this.")
+    done_at: datetime | None = Field(
+        None,
+        description=(
+            "When rank 0 recorded `done` (its training loop finished). Cleared by a later `start` "
+            "record or one at an earlier step (a new run)."
+        ),
+    )
 
 
 class LastCheckpoint(StrictModel):
@@ -456,12 +573,17 @@ class TrainingJobStatus(StrictModel):
     conditions: list[Condition] | None = Field(
         None,
         max_length=16,
-        description="Created, Running, Restarting, Suspended, Succeeded, Failed.",
+        description="Created, Running, Restarting, Stalled, Suspended, Succeeded, Failed.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(None, ge=0, description="The spec generation last reconciled.")
     attempt: int = Field(0, ge=0, description="The current gang attempt; pods carry it as a label.")
     restarts: int = Field(0, ge=0, description="Gang restarts so far (counted against runPolicy.maxRestarts).")
+    uncounted_restarts: int = Field(
+        0,
+        ge=0,
+        description="Gang restarts not counted against maxRestarts (by default: disruptions such as evictions).",
+    )
     replicas: ReplicaCounts | None = Field(None, description="Pod counts of the current attempt.")
     start_time: datetime | None = Field(None, description="When the job first started.")
     completion_time: datetime | None = Field(None, description="When the job succeeded or failed.")

@@ -60,6 +60,18 @@ def _time(value: Any) -> datetime | None:
     return datetime.fromtimestamp(number, UTC).replace(microsecond=0) if number is not None else None
 
 
+def _mark_done(record: dict[str, Any], progress: Progress | None, update: dict[str, Any]) -> None:
+    """`doneAt` marks a finished training loop until a new run starts: a `start` record, or
+    any record at an earlier step than the done one (a script that logs no `start`)."""
+    if record["event"] == "done":
+        if (done := _time(record.get("time"))) is not None:
+            update["done_at"] = done
+    elif progress is not None and progress.done_at is not None:
+        done_step = progress.step or 0
+        if record["event"] == "start" or update.get("step", done_step) < done_step:
+            update["done_at"] = None
+
+
 def fold(
     text: str, previous: Progress | None = None, previous_checkpoint: LastCheckpoint | None = None
 ) -> tuple[Progress | None, LastCheckpoint | None]:
@@ -78,6 +90,7 @@ def fold(
         if (updated := _time(record.get("time"))) is not None:
             update["updated_at"] = updated
         event = record["event"]
+        _mark_done(record, progress, update)
         if event == "step":
             if (loss := _number(record.get("loss"))) is not None:
                 update["loss"] = loss

@@ -1,243 +1,413 @@
 """Pure reconcile logic: (job, observed pods, now) → next status and the actions to take.
 
 No client and no clock: `decide()` is a function of its arguments, so every path (gang
-restart, deadline, suspend, TTL) is a table-driven unit test, and the handler only applies
-the `Decision`. Level-based: nothing here depends on which event woke the operator.
+restart, deadline, suspend, TTL, failure policy, hang) is a table-driven unit test, and the
+controller (or the local runner) only applies the `Decision`. Level-based: nothing here
+depends on which event woke the operator. Everything beyond the pods comes from `job.spec`
+and `job.status` (hang detection and the late-crash rule read `status.progress`, which both
+callers fold from rank 0's records with `kubetrain.api.records.fold`).
+
+`decide` is a dispatcher over named stages, each returning the Decision once it decided:
+finished (cleanup, TTL) → suspend → resume → first problem → restart-or-fail → success →
+timeouts → stalled → converge (create what is missing, delete older attempts).
 
 Definitions the README repeats:
   * Success: every node's pod of the current attempt exited 0 (phase Succeeded). A job
-    whose rank 0 finished while another rank hangs stays Running until its deadline; a job
-    with any failed pod restarts the gang instead of succeeding.
+    whose rank 0 finished while another rank hangs stays Running until its deadline (or its
+    hangTimeoutSeconds, see the late-crash rule).
   * Gang failure: a pod of the current attempt is Failed (any exit code, evicted), was
     deleted (terminating, or missing after all pods of the attempt had been observed), or is
     stuck waiting (ImagePullBackOff, CrashLoopBackOff, ...) and was scheduled longer than
     `stuck_timeout` ago (Kubernetes records no start of the wait; time waiting for a node
-    does not count).
-  * Gang restart: the failure is recorded, `attempt` and `restarts` go up (the status patch is
-    the commit point and goes first), then every pod of older attempts is deleted and the
-    new attempt's pods are created as their names free up.
+    does not count); or the gang stalled: with `hangTimeoutSeconds`, while the Running
+    condition is True, rank 0's `progress.updatedAt` has not advanced for that long, counted
+    from the later of that time and when the current attempt started running (Running's
+    lastTransitionTime), so an earlier attempt's progress never trips a fresh one. The first
+    failure in time is blamed (earliest finish, then lowest rank).
+  * Late-crash rule (`failures.completed`): when rank 0 recorded `done` (progress.doneAt) and
+    lastCheckpoint holds at least that step, a gang failure does not rerun the job: it
+    succeeds at once with reason CompletedBeforeFailure, the failure named in the message
+    (not recorded in failures[]; the pods still running are cleaned up by cleanPodPolicy).
+  * Failure policy (`failures.judge`): runPolicy.failurePolicy.rules in order, then the
+    defaults (a disruption restarts without counting), then RestartJob. FailJob fails with
+    reason FailurePolicy, the rule named in the message.
+  * Gang restart: the failure is recorded, `attempt` goes up and `restarts` (or, for
+    RestartJobAndIgnoreMaxRestarts, `uncountedRestarts`) too; the status patch is the commit
+    point and goes first, then every pod of older attempts is deleted and the new attempt's
+    pods are created as their names free up.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
 
 from kubetrain.api import naming
 from kubetrain.api.models import (
     MAX_FAILURES_KEPT,
-    Condition,
     Failure,
-    Phase,
     ReplicaCounts,
+    RunPolicy,
     TrainingJob,
     TrainingJobStatus,
 )
-
-# Waiting reasons a pod does not recover from by itself, or only by luck: after
-# `stuck_timeout` they count as a failure of the gang.
-STUCK_REASONS = frozenset(
-    {
-        "ImagePullBackOff",
-        "ErrImagePull",
-        "InvalidImageName",
-        "CrashLoopBackOff",
-        "CreateContainerConfigError",
-        "CreateContainerError",
-        "RunContainerError",
-    }
+from kubetrain.operator.conditions import derive_phase, get_condition, is_true, set_condition
+from kubetrain.operator.decision import DEFAULT_POLICY, Decision, Event, Policy, StaleView
+from kubetrain.operator.failures import (
+    FailureKind,
+    completed,
+    describe,
+    failure_of,
+    judge,
+    stall_due,
+    stall_failure,
+    stamp,
 )
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-MESSAGE_TAIL = 2048
+from kubetrain.operator.pods import STUCK_REASONS, TERMINAL_PHASES, PodCondition, PodView, parse_time
 
+__all__ = [
+    "Decision",
+    "Event",
+    "PodView",
+    "Policy",
+    "StaleView",
+    "decide",
+    "derive_phase",
+    "get_condition",
+    "is_true",
+    "parse_time",
+    "set_condition",
+]
 
-def parse_time(value: Any) -> datetime | None:
-    if not value:
-        return None
-    if isinstance(value, datetime):
-        return value
-    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-
-
-def _int_label(labels: dict[str, str], key: str) -> int | None:
-    value = labels.get(key)
-    return int(value) if value is not None and value.isdigit() else None
-
-
-@dataclass(frozen=True)
-class PodView:
-    """What reconciling needs to know about one pod."""
-
-    name: str
-    uid: str
-    job_uid: str | None
-    rank: int | None
-    attempt: int | None
-    phase: str
-    terminating: bool
-    created: datetime | None
-    node: str | None = None
-    scheduled: bool = False
-    # When the scheduler placed it: a pod that waited for a node has not been stuck meanwhile.
-    scheduled_at: datetime | None = None
-    schedule_message: str = ""
-    waiting_reason: str | None = None
-    exit_code: int | None = None
-    reason: str | None = None
-    message: str = ""
-    finished: datetime | None = None
-
-    @classmethod
-    def from_pod(cls, pod: dict[str, Any]) -> PodView:
-        meta = pod.get("metadata") or {}
-        spec = pod.get("spec") or {}
-        status = pod.get("status") or {}
-        labels = meta.get("labels") or {}
-        scheduled_condition = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
-        exit_code = waiting = reason = None
-        message = ""
-        finished = None
-        for cs in status.get("containerStatuses") or []:
-            if cs.get("name") != naming.CONTAINER_NAME:
-                continue
-            state = cs.get("state") or {}
-            if "terminated" in state:
-                terminated = state["terminated"] or {}
-                exit_code = terminated.get("exitCode")
-                reason = terminated.get("reason")
-                message = terminated.get("message") or ""
-                finished = parse_time(terminated.get("finishedAt"))
-            elif "waiting" in state:
-                waiting = (state["waiting"] or {}).get("reason")
-        if status.get("reason"):  # pod-level: Evicted, DeadlineExceeded, NodeLost, ...
-            reason = status["reason"]
-            message = status.get("message") or message
-        return cls(
-            name=meta.get("name", ""),
-            uid=meta.get("uid", ""),
-            job_uid=labels.get(naming.LABEL_JOB_UID),
-            rank=_int_label(labels, naming.LABEL_NODE_RANK),
-            attempt=_int_label(labels, naming.LABEL_ATTEMPT),
-            phase=status.get("phase") or "Pending",
-            terminating=bool(meta.get("deletionTimestamp")),
-            created=parse_time(meta.get("creationTimestamp")),
-            node=spec.get("nodeName"),
-            scheduled=bool(spec.get("nodeName"))
-            or (scheduled_condition is not None and scheduled_condition.get("status") == "True"),
-            scheduled_at=parse_time(scheduled_condition.get("lastTransitionTime"))
-            if scheduled_condition is not None and scheduled_condition.get("status") == "True"
-            else None,
-            schedule_message=(scheduled_condition or {}).get("message") or "",
-            waiting_reason=waiting,
-            exit_code=exit_code,
-            reason=reason,
-            message=message,
-            finished=finished,
-        )
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Operator-wide knobs that are not part of a job's spec."""
-
-    stuck_timeout: timedelta = timedelta(minutes=5)
-
-
-@dataclass(frozen=True)
-class Event:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
+# A gang failure and the conditions of the pod it happened to (what onPodConditions matches).
+Problem = tuple[Failure, tuple[PodCondition, ...]]
 
 
 @dataclass
-class Decision:
-    status: TrainingJobStatus
-    create_service: bool = False
-    create_ranks: list[int] = field(default_factory=list)
-    # (name, uid): deleted with a uid precondition so that a same-named pod of a newer
-    # attempt is never hit.
-    delete_pods: list[tuple[str, str]] = field(default_factory=list)
-    delete_job: bool = False
-    events: list[Event] = field(default_factory=list)
-    requeue_after: float | None = None
-    # The status must be written before anything is deleted: it records why (the failure,
-    # the new attempt), and a crash after the deletes must not lose that.
-    commit_first: bool = False
+class _Pass:
+    """One reconcile pass: what decide observed, and the Decision (with the new status) it builds."""
 
-    def requeue(self, seconds: float) -> None:
-        seconds = max(seconds, 0.0)
-        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+    job: TrainingJob
+    uid: str
+    now: datetime
+    policy: Policy
+    previous: TrainingJobStatus
+    decision: Decision
+    ours: list[PodView]  # pods of this job (or unlabelled), terminating ones included
+    occupied: set[str]  # names taken by any pod, ours or not
+    live: list[PodView]  # ours, not terminating
+    current: list[PodView]  # live pods of the current attempt
+    stale: list[PodView]  # live pods of older attempts
 
+    @property
+    def status(self) -> TrainingJobStatus:
+        return self.decision.status
 
-class StaleView(Exception):
-    """Pods of a newer attempt than the status knows: the job body is out of date."""
+    @property
+    def run(self) -> RunPolicy:
+        return self.job.spec.run_policy
 
-
-# --- conditions -------------------------------------------------------------------------
-
-
-def get_condition(status: TrainingJobStatus, kind: str) -> Condition | None:
-    return next((c for c in status.conditions or [] if c.type == kind), None)
-
-
-def is_true(status: TrainingJobStatus, kind: str) -> bool:
-    condition = get_condition(status, kind)
-    return condition is not None and condition.status == "True"
+    def condition(self, kind: str, value: bool, reason: str, message: str, *, only_if_present: bool = False) -> bool:
+        generation = self.job.metadata.generation
+        return set_condition(
+            self.status, kind, value, reason, message, self.now, generation, only_if_present=only_if_present
+        )
 
 
-def _reason(text: str) -> str:
-    """A metav1.Condition reason (CamelCase identifier) from free text such as 'OOMKilled'."""
-    cleaned = re.sub(r"[^A-Za-z0-9_,:]", "", text) or "Unknown"
-    if not cleaned[0].isalpha():
-        cleaned = "Reason" + cleaned
-    return cleaned.rstrip(",:")[:1024]
-
-
-def set_condition(
-    status: TrainingJobStatus,
-    kind: str,
-    value: bool,
-    reason: str,
-    message: str,
-    now: datetime,
-    generation: int | None,
-    *,
-    only_if_present: bool = False,
-) -> bool:
-    """Set a condition; lastTransitionTime moves only when its status flips. Returns whether it flipped."""
-    conditions = list(status.conditions or [])
-    wanted: Literal["True", "False"] = "True" if value else "False"
-    existing = next((c for c in conditions if c.type == kind), None)
-    if existing is None and only_if_present:
-        return False
-    flipped = existing is None or existing.status != wanted
-    condition = Condition(
-        type=kind,
-        status=wanted,
-        reason=_reason(reason),
-        message=message[:32_768],
-        last_transition_time=now if flipped or existing is None else existing.last_transition_time,
-        observed_generation=generation,
+def _observe(job: TrainingJob, uid: str, pods: list[PodView], now: datetime, policy: Policy) -> _Pass:
+    previous = job.status or TrainingJobStatus()
+    status = previous.model_copy(deep=True)
+    status.observed_generation = job.metadata.generation
+    ours = [p for p in pods if p.job_uid in (None, uid)]
+    if any(p.attempt is not None and p.attempt > status.attempt for p in ours):
+        raise StaleView(f"pods of an attempt newer than {status.attempt}")
+    live = [p for p in ours if not p.terminating]
+    return _Pass(
+        job=job,
+        uid=uid,
+        now=now,
+        policy=policy,
+        previous=previous,
+        decision=Decision(status=status),
+        ours=ours,
+        occupied={p.name for p in pods},
+        live=live,
+        current=[p for p in live if p.attempt == status.attempt],
+        stale=[p for p in live if p.attempt != status.attempt],
     )
-    if existing is None:
-        conditions.append(condition)
+
+
+def decide(
+    job: TrainingJob,
+    uid: str,
+    pods: list[PodView],
+    service_exists: bool,
+    now: datetime,
+    policy: Policy = DEFAULT_POLICY,
+) -> Decision:
+    run = _observe(job, uid, pods, now, policy)
+    if is_true(run.status, "Succeeded") or is_true(run.status, "Failed"):
+        return _cleanup(run)
+    if job.spec.run_policy.suspend:
+        return _suspend(run)
+    _resume(run)
+    problem = _first_problem(run)
+    if problem is not None:
+        return _restart_or_fail(run, problem, service_exists)
+    if _gang_succeeded(run):
+        return _finish(run, True, "AllNodesSucceeded", f"all {job.spec.nodes} nodes exited 0")
+    timed_out = _timed_out(run)
+    if timed_out is not None:
+        return _finish(run, False, *timed_out)
+    stall = _stalled(run)
+    if stall is not None:
+        return _restart_or_fail(run, stall, service_exists)
+    return _converge(run, service_exists)
+
+
+# --- stages -----------------------------------------------------------------------------
+
+
+def _suspend(run: _Pass) -> Decision:
+    status = run.status
+    if run.condition("Suspended", True, "Suspended", "runPolicy.suspend is true: the pods are deleted"):
+        run.decision.events.append(Event("Normal", "Suspended", "job suspended: pods deleted"))
+        run.condition("Running", False, "Suspended", "the job is suspended", only_if_present=True)
+        run.condition("Restarting", False, "Suspended", "the job is suspended", only_if_present=True)
+    if run.current:
+        # The resumed gang is a fresh attempt; suspension is not a failure and does not
+        # count against maxRestarts.
+        status.attempt += 1
+    # As for a batch/v1 Job, the deadline clock stops while suspended and restarts on resume.
+    status.start_time = None
+    status.replicas = ReplicaCounts()
+    run.decision.delete_pods = [(p.name, p.uid) for p in run.live]
+    run.decision.commit_first = True
+    status.phase = derive_phase(status)
+    return run.decision
+
+
+def _resume(run: _Pass) -> None:
+    if is_true(run.status, "Suspended"):
+        run.condition("Suspended", False, "Resumed", "runPolicy.suspend is false: the gang is recreated")
+        run.decision.events.append(Event("Normal", "Resumed", "job resumed"))
+
+
+def _first_problem(run: _Pass) -> Problem | None:
+    """The gang failure to act on: the first in time (its consequences follow it)."""
+    attempt = run.status.attempt
+    failed = sorted((p for p in run.current if p.phase == "Failed"), key=lambda p: (p.finished or run.now, p.rank or 0))
+    deleted = [p for p in run.ours if p.terminating and p.attempt == attempt]
+    problems: list[tuple[PodView, FailureKind]] = [
+        *((p, "failed") for p in failed),
+        *((p, "deleted") for p in [*deleted, *_vanished(run, deleted)]),
+        *((p, "stuck") for p in _stuck(run)),
+    ]
+    if not problems:
+        return None
+    pod, kind = problems[0]
+    return failure_of(pod, attempt, kind, run.now), pod.conditions
+
+
+def _vanished(run: _Pass, deleted: list[PodView]) -> list[PodView]:
+    """Ranks missing after every pod of this attempt was observed once: deleted (and already
+    gone), not "not created yet"."""
+    nodes, attempt = run.job.spec.nodes, run.status.attempt
+    if run.previous.attempt != attempt or _seen(run.previous.replicas) < nodes:
+        return []
+    present = {p.rank for p in run.current} | {p.rank for p in deleted}
+    return [
+        PodView(naming.pod_name(run.job.name, r), "", run.uid, r, attempt, "Unknown", True, None)
+        for r in range(nodes)
+        if r not in present
+    ]
+
+
+def _stuck(run: _Pass) -> list[PodView]:
+    stuck = []
+    for p in run.current:
+        since = p.scheduled_at or p.created
+        if p.phase == "Pending" and p.waiting_reason in STUCK_REASONS and since is not None:
+            due = since + run.policy.stuck_timeout
+            if run.now >= due:
+                stuck.append(p)
+            else:
+                run.decision.requeue((due - run.now).total_seconds())
+    return stuck
+
+
+def _restart_or_fail(run: _Pass, problem: Problem, service_exists: bool) -> Decision:
+    failure, conditions = problem
+    status, policy = run.status, run.run
+    done = completed(status)
+    if done is not None:
+        # The late-crash rule: the work is saved; rerunning it would only redo the last steps.
+        return _finish(run, True, "CompletedBeforeFailure", f"{done}; then {describe(failure)}; not restarted")
+    verdict = judge(policy.failure_policy, failure, conditions)
+    status.failures = [*(status.failures or []), failure][-MAX_FAILURES_KEPT:]
+    run.decision.commit_first = True
+    if verdict.action == "FailJob":
+        return _finish(run, False, "FailurePolicy", f"{describe(failure)}; failed by {verdict.rule}")
+    counted = verdict.action == "RestartJob"
+    if counted and status.restarts >= policy.max_restarts:
+        message = f"{describe(failure)}; no restarts left (maxRestarts {policy.max_restarts})"
+        return _finish(run, False, "BackoffLimitExceeded", message)
+    status.attempt += 1
+    if counted:
+        status.restarts += 1
+        budget = f"restart {status.restarts} of {policy.max_restarts}"
     else:
-        conditions[conditions.index(existing)] = condition
-    status.conditions = conditions
-    return flipped
+        status.uncounted_restarts += 1
+        budget = "not counted against maxRestarts"
+    rule = f"; {verdict.rule}" if verdict.rule else ""
+    message = f"{describe(failure)}; restarting the whole gang as attempt {status.attempt} ({budget}{rule})"
+    run.condition("Restarting", True, failure.reason, message)
+    run.condition("Running", False, "Restarting", message, only_if_present=True)
+    run.decision.events.append(Event("Warning", "GangRestart", message))
+    status.replicas = ReplicaCounts()
+    run.stale, run.current = run.live, []
+    return _converge(run, service_exists)
 
 
-def derive_phase(status: TrainingJobStatus) -> Phase:
-    for kind in ("Failed", "Succeeded", "Suspended", "Restarting", "Running"):
-        if is_true(status, kind):
-            return kind
-    return "Pending"
+def _gang_succeeded(run: _Pass) -> bool:
+    ranks = _by_rank(run.current)
+    return bool(run.current) and len(ranks) == run.job.spec.nodes and all(p.phase == "Succeeded" for p in run.current)
 
 
-# --- the decision -----------------------------------------------------------------------
+def _timed_out(run: _Pass) -> tuple[str, str] | None:
+    """(reason, message) of the first timeout that passed; requeues for those still ahead."""
+    policy, status = run.run, run.status
+    if policy.active_deadline_seconds is not None and status.start_time is not None:
+        due = status.start_time + timedelta(seconds=policy.active_deadline_seconds)
+        if run.now >= due:
+            return "DeadlineExceeded", f"job ran longer than activeDeadlineSeconds={policy.active_deadline_seconds}"
+        run.decision.requeue((due - run.now).total_seconds())
+    if policy.scheduling_timeout_seconds is None:
+        return None
+    # A pod the scheduler explained comes first: its message is the useful one.
+    for p in sorted(run.current, key=lambda p: (not p.schedule_message, p.rank or 0)):
+        if p.phase != "Pending" or p.scheduled or p.created is None:
+            continue
+        due = p.created + timedelta(seconds=policy.scheduling_timeout_seconds)
+        if run.now >= due:
+            detail = p.schedule_message or "no scheduler placed it"
+            return "Unschedulable", (
+                f"pod {p.name} was not scheduled within schedulingTimeoutSeconds="
+                f"{policy.scheduling_timeout_seconds}: {detail}"
+            )
+        run.decision.requeue((due - run.now).total_seconds())
+    return None
+
+
+def _stalled(run: _Pass) -> Problem | None:
+    """hangTimeoutSeconds: rank 0's progress stood still that long while the gang ran."""
+    timeout, status = run.run.hang_timeout_seconds, run.status
+    running = get_condition(status, "Running")
+    rank0 = _by_rank(run.current).get(0)
+    if timeout is None or running is None or running.status != "True" or rank0 is None:
+        return None
+    due = stall_due(status.progress, running.last_transition_time, timeout)
+    if run.now < due:
+        run.decision.requeue((due - run.now).total_seconds())
+        return None
+    failure = stall_failure(rank0, status.attempt, status.progress, running.last_transition_time, timeout, run.now)
+    run.condition("Stalled", True, "NoProgress", failure.message)
+    run.decision.events.append(Event("Warning", "Stalled", failure.message))
+    return failure, ()
+
+
+def _finish(run: _Pass, success: bool, reason: str, message: str) -> Decision:
+    run.condition("Succeeded" if success else "Failed", True, reason, message)
+    run.condition("Running", False, "Succeeded" if success else "Failed", message, only_if_present=True)
+    run.condition("Restarting", False, reason, message, only_if_present=True)
+    run.status.completion_time = run.now
+    run.decision.commit_first = True
+    run.decision.events.append(Event("Normal" if success else "Warning", reason, message))
+    return _cleanup(run)
+
+
+def _cleanup(run: _Pass) -> Decision:
+    """A finished job: delete the pods cleanPodPolicy names, and the job once its TTL passed."""
+    status, policy, decision = run.status, run.run, run.decision
+    if policy.clean_pod_policy == "All":
+        doomed = run.live
+    elif policy.clean_pod_policy == "Running":
+        doomed = [p for p in run.live if p.phase not in TERMINAL_PHASES]
+    else:
+        doomed = []
+    decision.delete_pods = [(p.name, p.uid) for p in doomed]
+    if status.completion_time is not None and policy.ttl_seconds_after_finished is not None:
+        due = status.completion_time + timedelta(seconds=policy.ttl_seconds_after_finished)
+        if run.now >= due:
+            decision.delete_job = True
+        else:
+            decision.requeue((due - run.now).total_seconds())
+    status.replicas = _counts(run.current)
+    status.phase = derive_phase(status)
+    return decision
+
+
+def _converge(run: _Pass, service_exists: bool) -> Decision:
+    """Create what is missing, delete older attempts, and report how far the gang got."""
+    status, decision, nodes = run.status, run.decision, run.job.spec.nodes
+    decision.delete_pods = [(p.name, p.uid) for p in run.stale]
+    by_rank = _by_rank(run.current)
+    missing = [r for r in range(nodes) if r not in by_rank]
+    decision.create_ranks = [r for r in missing if naming.pod_name(run.job.name, r) not in run.occupied]
+    decision.create_service = not service_exists
+    if decision.delete_pods:
+        decision.commit_first = True
+    if decision.create_ranks and status.start_time is None:
+        status.start_time = run.now
+        if run.run.active_deadline_seconds is not None:
+            decision.requeue(run.run.active_deadline_seconds)
+
+    # Pods created in this pass count as observed only when they are created before the
+    # status is written; otherwise the next pass observes them.
+    assumed = [] if decision.commit_first else decision.create_ranks
+    counts = _counts(run.current)
+    counts.active += len(assumed)
+    status.replicas = counts
+    if len(by_rank) + len(assumed) == nodes and run.condition(
+        "Created", True, "PodsCreated", f"headless Service {naming.service_name(run.job.name)} and {nodes} pods"
+    ):
+        decision.events.append(
+            Event("Normal", "Created", f"created headless Service and {nodes} pods (attempt {status.attempt})")
+        )
+    # Ranks that already exited 0 wait for the others: the gang still runs.
+    if len(by_rank) == nodes and all(p.phase in ("Running", "Succeeded") for p in run.current):
+        message = f"all {nodes} pods of attempt {status.attempt} are running"
+        if run.condition("Running", True, "AllPodsRunning", message):
+            decision.events.append(Event("Normal", "Running", message))
+        run.condition("Restarting", False, "AllPodsRunning", message, only_if_present=True)
+    else:
+        run.condition(
+            "Running",
+            False,
+            "Restarting" if is_true(status, "Restarting") else "PodsNotRunning",
+            f"{sum(p.phase == 'Running' for p in run.current)} of {nodes} pods running",
+            only_if_present=True,
+        )
+    _progress_resumed(run)
+    status.phase = derive_phase(status)
+    return decision
+
+
+def _progress_resumed(run: _Pass) -> None:
+    """Stalled goes False once rank 0 reports progress newer than the stall."""
+    stalled, progress = get_condition(run.status, "Stalled"), run.status.progress
+    if stalled is None or stalled.status != "True" or progress is None or progress.updated_at is None:
+        return
+    if progress.updated_at > stalled.last_transition_time:
+        message = f"rank 0 reported step {progress.step} at {stamp(progress.updated_at)}"
+        run.condition("Stalled", False, "ProgressResumed", message)
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def _by_rank(pods: list[PodView]) -> dict[int, PodView]:
+    return {p.rank: p for p in pods if p.rank is not None}
 
 
 def _counts(pods: list[PodView]) -> ReplicaCounts:
@@ -251,235 +421,3 @@ def _counts(pods: list[PodView]) -> ReplicaCounts:
 
 def _seen(counts: ReplicaCounts | None) -> int:
     return 0 if counts is None else counts.active + counts.succeeded + counts.failed
-
-
-def _failure_of(pod: PodView, attempt: int, kind: str, now: datetime) -> Failure:
-    if kind == "deleted":
-        reason, message = "PodDeleted", f"pod {pod.name} was deleted while the attempt ran"
-    elif kind == "stuck":
-        reason = pod.waiting_reason or "Stuck"
-        message = f"pod {pod.name} waited in {reason} longer than the stuck timeout"
-    else:
-        reason = pod.reason or ("Error" if pod.exit_code else "Failed")
-        message = pod.message
-    return Failure(
-        attempt=attempt,
-        rank=pod.rank,
-        pod=pod.name,
-        node=pod.node,
-        exit_code=pod.exit_code,
-        reason=reason[:256],
-        message=message[-MESSAGE_TAIL:],
-        time=pod.finished or now,
-    )
-
-
-def _describe(failure: Failure) -> str:
-    what = f"node {failure.rank} (pod {failure.pod}"
-    what += f" on {failure.node})" if failure.node else ")"
-    code = f" with exit code {failure.exit_code}" if failure.exit_code is not None else ""
-    detail = f": {failure.message.strip().splitlines()[-1]}" if failure.message.strip() else ""
-    return f"{what} failed{code} ({failure.reason}){detail}"[:1024]
-
-
-def decide(
-    job: TrainingJob,
-    uid: str,
-    pods: list[PodView],
-    service_exists: bool,
-    now: datetime,
-    policy: Policy = Policy(),
-) -> Decision:
-    spec, run = job.spec, job.spec.run_policy
-    generation = job.metadata.generation
-    previous = job.status or TrainingJobStatus()
-    status = previous.model_copy(deep=True)
-    status.observed_generation = generation
-    decision = Decision(status=status)
-
-    def condition(kind: str, value: bool, reason: str, message: str, *, only_if_present: bool = False) -> bool:
-        return set_condition(status, kind, value, reason, message, now, generation, only_if_present=only_if_present)
-
-    ours = [p for p in pods if p.job_uid in (None, uid)]
-    occupied = {p.name for p in pods}
-    if any(p.attempt is not None and p.attempt > status.attempt for p in ours):
-        raise StaleView(f"pods of an attempt newer than {status.attempt}")
-    live = [p for p in ours if not p.terminating]
-    current = [p for p in live if p.attempt == status.attempt]
-    stale = [p for p in live if p.attempt != status.attempt]
-
-    def finish(success: bool, reason: str, message: str) -> None:
-        condition("Succeeded" if success else "Failed", True, reason, message)
-        condition("Running", False, "Succeeded" if success else "Failed", message, only_if_present=True)
-        condition("Restarting", False, reason, message, only_if_present=True)
-        status.completion_time = now
-        decision.commit_first = True
-        decision.events.append(Event("Normal" if success else "Warning", reason, message))
-
-    finished = is_true(status, "Succeeded") or is_true(status, "Failed")
-
-    # --- suspend / resume -----------------------------------------------------------
-    if not finished and run.suspend:
-        if condition("Suspended", True, "Suspended", "runPolicy.suspend is true: the pods are deleted"):
-            decision.events.append(Event("Normal", "Suspended", "job suspended: pods deleted"))
-            condition("Running", False, "Suspended", "the job is suspended", only_if_present=True)
-            condition("Restarting", False, "Suspended", "the job is suspended", only_if_present=True)
-        if current:
-            # The resumed gang is a fresh attempt; suspension is not a failure and does not
-            # count against maxRestarts.
-            status.attempt += 1
-        # As for a batch/v1 Job, the deadline clock stops while suspended and restarts on resume.
-        status.start_time = None
-        status.replicas = ReplicaCounts()
-        decision.delete_pods = [(p.name, p.uid) for p in live]
-        decision.commit_first = True
-        status.phase = derive_phase(status)
-        return decision
-    if not finished and is_true(status, "Suspended"):
-        condition("Suspended", False, "Resumed", "runPolicy.suspend is false: the gang is recreated")
-        decision.events.append(Event("Normal", "Resumed", "job resumed"))
-
-    # --- the current attempt --------------------------------------------------------
-    if not finished:
-        by_rank = {p.rank: p for p in current if p.rank is not None}
-        seen_all = previous.attempt == status.attempt and _seen(previous.replicas) >= spec.nodes
-        # The first failure in time is the cause; the others are usually its consequence.
-        failed = sorted((p for p in current if p.phase == "Failed"), key=lambda p: (p.finished or now, p.rank or 0))
-        problems: list[tuple[PodView, str]] = [(p, "failed") for p in failed]
-        deleted = [p for p in ours if p.terminating and p.attempt == status.attempt]
-        problems += [(p, "deleted") for p in deleted]
-        if seen_all:
-            # Every pod of this attempt was observed once: a missing one was deleted (and is
-            # already gone), not "not created yet".
-            gone = {p.rank for p in deleted}
-            problems += [
-                (PodView(naming.pod_name(job.name, r), "", uid, r, status.attempt, "Unknown", True, None), "deleted")
-                for r in range(spec.nodes)
-                if r not in by_rank and r not in gone
-            ]
-        for p in current:
-            since = p.scheduled_at or p.created
-            if p.phase == "Pending" and p.waiting_reason in STUCK_REASONS and since is not None:
-                due = since + policy.stuck_timeout
-                if now >= due:
-                    problems.append((p, "stuck"))
-                else:
-                    decision.requeue((due - now).total_seconds())
-
-        if problems:
-            pod, kind = problems[0]
-            failure = _failure_of(pod, status.attempt, kind, now)
-            status.failures = [*(status.failures or []), failure][-MAX_FAILURES_KEPT:]
-            decision.commit_first = True
-            if status.restarts < run.max_restarts:
-                status.restarts += 1
-                status.attempt += 1
-                message = (
-                    f"{_describe(failure)}; restarting the whole gang as attempt {status.attempt} "
-                    f"(restart {status.restarts} of {run.max_restarts})"
-                )
-                condition("Restarting", True, failure.reason, message)
-                condition("Running", False, "Restarting", message, only_if_present=True)
-                decision.events.append(Event("Warning", "GangRestart", message))
-                status.replicas = ReplicaCounts()
-                stale, current = live, []
-            else:
-                finish(
-                    False,
-                    "BackoffLimitExceeded",
-                    f"{_describe(failure)}; no restarts left (maxRestarts {run.max_restarts})",
-                )
-                finished = True
-        elif current and len(by_rank) == spec.nodes and all(p.phase == "Succeeded" for p in current):
-            finish(True, "AllNodesSucceeded", f"all {spec.nodes} nodes exited 0")
-            finished = True
-        elif run.active_deadline_seconds is not None and status.start_time is not None:
-            due = status.start_time + timedelta(seconds=run.active_deadline_seconds)
-            if now >= due:
-                finish(
-                    False,
-                    "DeadlineExceeded",
-                    f"job ran longer than activeDeadlineSeconds={run.active_deadline_seconds}",
-                )
-                finished = True
-            else:
-                decision.requeue((due - now).total_seconds())
-        if not finished and run.scheduling_timeout_seconds is not None:
-            # A pod the scheduler explained comes first: its message is the useful one.
-            for p in sorted(current, key=lambda p: (not p.schedule_message, p.rank or 0)):
-                if p.phase != "Pending" or p.scheduled or p.created is None:
-                    continue
-                due = p.created + timedelta(seconds=run.scheduling_timeout_seconds)
-                if now >= due:
-                    detail = p.schedule_message or "no scheduler placed it"
-                    finish(
-                        False,
-                        "Unschedulable",
-                        f"pod {p.name} was not scheduled within schedulingTimeoutSeconds="
-                        f"{run.scheduling_timeout_seconds}: {detail}",
-                    )
-                    finished = True
-                    break
-                decision.requeue((due - now).total_seconds())
-
-    # --- finished: clean up and expire ----------------------------------------------
-    if finished:
-        if run.clean_pod_policy == "All":
-            doomed = live
-        elif run.clean_pod_policy == "Running":
-            doomed = [p for p in live if p.phase not in TERMINAL_PHASES]
-        else:
-            doomed = []
-        decision.delete_pods = [(p.name, p.uid) for p in doomed]
-        if status.completion_time is not None and run.ttl_seconds_after_finished is not None:
-            due = status.completion_time + timedelta(seconds=run.ttl_seconds_after_finished)
-            if now >= due:
-                decision.delete_job = True
-            else:
-                decision.requeue((due - now).total_seconds())
-        status.replicas = _counts([p for p in current if p.attempt == status.attempt])
-        status.phase = derive_phase(status)
-        return decision
-
-    # --- converge: create what is missing, delete older attempts --------------------
-    decision.delete_pods = [(p.name, p.uid) for p in stale]
-    by_rank = {p.rank: p for p in current if p.rank is not None}
-    missing = [r for r in range(spec.nodes) if r not in by_rank]
-    decision.create_ranks = [r for r in missing if naming.pod_name(job.name, r) not in occupied]
-    decision.create_service = not service_exists
-    if decision.delete_pods:
-        decision.commit_first = True
-    if decision.create_ranks and status.start_time is None:
-        status.start_time = now
-        if run.active_deadline_seconds is not None:
-            decision.requeue(run.active_deadline_seconds)
-
-    # Pods created in this pass count as observed only when they are created before the
-    # status is written; otherwise the next pass observes them.
-    assumed = [] if decision.commit_first else decision.create_ranks
-    counts = _counts(current)
-    counts.active += len(assumed)
-    status.replicas = counts
-    exists = len(by_rank) + len(assumed)
-    if exists == spec.nodes and condition(
-        "Created", True, "PodsCreated", f"headless Service {naming.service_name(job.name)} and {spec.nodes} pods"
-    ):
-        decision.events.append(
-            Event("Normal", "Created", f"created headless Service and {spec.nodes} pods (attempt {status.attempt})")
-        )
-    # Ranks that already exited 0 wait for the others: the gang still runs.
-    if len(by_rank) == spec.nodes and all(p.phase in ("Running", "Succeeded") for p in current):
-        message = f"all {spec.nodes} pods of attempt {status.attempt} are running"
-        if condition("Running", True, "AllPodsRunning", message):
-            decision.events.append(Event("Normal", "Running", message))
-        condition("Restarting", False, "AllPodsRunning", message, only_if_present=True)
-    else:
-        condition(
-            "Running",
-            False,
-            "Restarting" if is_true(status, "Restarting") else "PodsNotRunning",
-            f"{sum(p.phase == 'Running' for p in current)} of {spec.nodes} pods running",
-            only_if_present=True,
-        )
-    status.phase = derive_phase(status)
-    return decision

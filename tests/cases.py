@@ -26,6 +26,13 @@ def _with(path: str, value: Any, *, name: str | None = None) -> dict[str, Any]:
     return job
 
 
+_RULE = "spec.runPolicy.failurePolicy.rules[0]"
+
+
+def _failure_rule(rule: dict[str, Any]) -> dict[str, Any]:
+    return _with("spec.runPolicy.failurePolicy", {"rules": [rule]})
+
+
 # (case id, document, the field path the error message must name)
 INVALID_JOBS: list[tuple[str, dict[str, Any], str]] = [
     ("unknown-spec-field", _with("spec.gpus", 2), "spec.gpus"),
@@ -68,6 +75,40 @@ INVALID_JOBS: list[tuple[str, dict[str, Any], str]] = [
     ("max-restarts-negative", _with("spec.runPolicy.maxRestarts", -1), "spec.runPolicy.maxRestarts"),
     ("clean-pod-policy-unknown", _with("spec.runPolicy.cleanPodPolicy", "Sometimes"), "spec.runPolicy.cleanPodPolicy"),
     ("deadline-zero", _with("spec.runPolicy.activeDeadlineSeconds", 0), "spec.runPolicy.activeDeadlineSeconds"),
+    ("hang-timeout-zero", _with("spec.runPolicy.hangTimeoutSeconds", 0), "spec.runPolicy.hangTimeoutSeconds"),
+    (
+        "failure-action-unknown",
+        _failure_rule({"action": "Ignore", "onExitCodes": {"operator": "In", "values": [2]}}),
+        f"{_RULE}.action",
+    ),
+    ("failure-rule-without-matcher", _failure_rule({"action": "FailJob"}), _RULE),
+    (
+        "failure-rule-two-matchers",
+        _failure_rule(
+            {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}, "onFailureReasons": ["Stalled"]}
+        ),
+        _RULE,
+    ),
+    (
+        "failure-exit-codes-empty",
+        _failure_rule({"action": "FailJob", "onExitCodes": {"operator": "In", "values": []}}),
+        f"{_RULE}.onExitCodes.values",
+    ),
+    (
+        "failure-exit-code-out-of-range",
+        _failure_rule({"action": "FailJob", "onExitCodes": {"operator": "In", "values": [256]}}),
+        f"{_RULE}.onExitCodes.values",
+    ),
+    (
+        "failure-exit-code-zero-with-in",
+        _failure_rule({"action": "FailJob", "onExitCodes": {"operator": "In", "values": [0, 2]}}),
+        f"{_RULE}.onExitCodes.values",
+    ),
+    (
+        "failure-exit-code-duplicate",
+        _failure_rule({"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [1, 1]}}),
+        f"{_RULE}.onExitCodes.values",
+    ),
     ("name-too-long", _with("metadata.name", "j" * 54), "metadata.name"),
     ("name-starts-with-digit", _with("metadata.name", "1-job"), "metadata.name"),
 ]

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from support.pods import JOB_UID as UID
+from support.pods import T0, pod_view
 
-from kubetrain.api.models import TrainingJob, TrainingJobStatus
+from kubetrain.api.models import LastCheckpoint, Progress, TrainingJob, TrainingJobStatus
 from kubetrain.operator.render import render_pod
 from kubetrain.operator.status import Decision, PodView, StaleView, decide, get_condition, is_true
-
-UID = "job-uid"
-T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
 
 def make_job(status: dict[str, Any] | None = None, generation: int = 1, **spec: Any) -> TrainingJob:
@@ -26,35 +27,6 @@ def make_job(status: dict[str, Any] | None = None, generation: int = 1, **spec: 
     if status is not None:
         doc["status"] = status
     return TrainingJob.model_validate(doc)
-
-
-def pod(
-    job: TrainingJob,
-    rank: int,
-    attempt: int = 0,
-    phase: str = "Pending",
-    *,
-    created: datetime = T0,
-    exit_code: int | None = None,
-    reason: str | None = None,
-    terminating: bool = False,
-    waiting: str | None = None,
-    node: str | None = None,
-) -> PodView:
-    body = render_pod(job, "ns", UID, rank, attempt)
-    body["metadata"]["uid"] = f"pod-{rank}-{attempt}"
-    body["metadata"]["creationTimestamp"] = created.strftime("%Y-%m-%dT%H:%M:%SZ")
-    if terminating:
-        body["metadata"]["deletionTimestamp"] = created.strftime("%Y-%m-%dT%H:%M:%SZ")
-    if node:
-        body["spec"]["nodeName"] = node
-    state: dict[str, Any] = {}
-    if exit_code is not None:
-        state = {"terminated": {"exitCode": exit_code, "reason": reason or "Error", "message": "Traceback\nboom"}}
-    elif waiting:
-        state = {"waiting": {"reason": waiting}}
-    body["status"] = {"phase": phase, "containerStatuses": [{"name": "trainer", "state": state}] if state else []}
-    return PodView.from_pod(body)
 
 
 def step(job: TrainingJob, pods: list[PodView], now: datetime = T0, service: bool = True) -> Decision:
@@ -85,7 +57,7 @@ def test_steady_state_is_a_fixed_point() -> None:
     job = make_job()
     d1 = step(job, [], service=False)
     job = advance(job, d1)
-    pods = [pod(job, r) for r in range(3)]
+    pods = [pod_view(job, r) for r in range(3)]
     d2 = step(job, pods, T0 + timedelta(seconds=5))
     assert not d2.create_ranks and not d2.delete_pods and not d2.events and not d2.create_service
     assert d2.status.wire() == job.status.wire()  # type: ignore[union-attr]
@@ -93,13 +65,13 @@ def test_steady_state_is_a_fixed_point() -> None:
 
 def test_partial_creation_creates_only_the_missing_ranks() -> None:
     job = make_job()
-    d = step(job, [pod(job, 1)], service=False)
+    d = step(job, [pod_view(job, 1)], service=False)
     assert d.create_ranks == [0, 2]
 
 
 def test_all_running_sets_running_and_event() -> None:
     job = advance(make_job(), step(make_job(), [], service=False))
-    d = step(job, [pod(job, r, phase="Running") for r in range(3)])
+    d = step(job, [pod_view(job, r, phase="Running") for r in range(3)])
     assert d.status.phase == "Running" and cond(d, "Running") == ("True", "AllPodsRunning")
     assert [e.reason for e in d.events] == ["Running"]
     assert d.status.replicas is not None and d.status.replicas.ready == 3
@@ -108,13 +80,13 @@ def test_all_running_sets_running_and_event() -> None:
 def running_job(**spec: Any) -> tuple[TrainingJob, list[PodView]]:
     job = make_job(**spec)
     job = advance(job, step(job, [], service=False))
-    pods = [pod(job, r, phase="Running", node="n1") for r in range(job.spec.nodes)]
+    pods = [pod_view(job, r, phase="Running", node="n1") for r in range(job.spec.nodes)]
     return advance(job, step(job, pods)), pods
 
 
 def test_one_failed_pod_restarts_the_whole_gang() -> None:
     job, pods = running_job()
-    pods[1] = pod(job, 1, phase="Failed", exit_code=137, reason="OOMKilled", node="n1")
+    pods[1] = pod_view(job, 1, phase="Failed", exit_code=137, reason="OOMKilled", node="n1")
     d = step(job, pods, T0 + timedelta(minutes=1))
     assert d.commit_first
     assert d.status.attempt == 1 and d.status.restarts == 1
@@ -139,15 +111,15 @@ def test_one_failed_pod_restarts_the_whole_gang() -> None:
     d = step(job, [], T0 + timedelta(minutes=2))
     assert d.create_ranks == [0, 1, 2] and d.status.attempt == 1
     job = advance(job, d)
-    d = step(job, [pod(job, r, attempt=1, phase="Running") for r in range(3)], T0 + timedelta(minutes=3))
+    d = step(job, [pod_view(job, r, attempt=1, phase="Running") for r in range(3)], T0 + timedelta(minutes=3))
     assert d.status.phase == "Running" and cond(d, "Restarting") == ("False", "AllPodsRunning")
 
 
 def test_old_attempt_pods_are_deleted_and_never_counted() -> None:
     job, _ = running_job()
-    job = advance(job, step(job, [pod(job, 0, phase="Failed", exit_code=1)]))
+    job = advance(job, step(job, [pod_view(job, 0, phase="Failed", exit_code=1)]))
     assert job.status is not None and job.status.attempt == 1
-    leftovers = [pod(job, 1, attempt=0, phase="Running"), pod(job, 2, attempt=0, phase="Running")]
+    leftovers = [pod_view(job, 1, attempt=0, phase="Running"), pod_view(job, 2, attempt=0, phase="Running")]
     d = step(job, leftovers)
     assert sorted(n for n, _ in d.delete_pods) == ["j-node-1", "j-node-2"]
     assert d.create_ranks == [0] and d.status.restarts == 1
@@ -165,7 +137,7 @@ def test_old_attempt_pods_are_deleted_and_never_counted() -> None:
 )
 def test_deleted_or_stuck_pod_restarts_the_gang(change: dict[str, Any], reason: str) -> None:
     job, pods = running_job()
-    pods[2] = pod(job, 2, **{"phase": "Running", **change})
+    pods[2] = pod_view(job, 2, **{"phase": "Running", **change})
     d = step(job, pods, T0 + timedelta(minutes=1))
     assert d.status.attempt == 1 and (d.status.failures or [])[-1].reason == reason
 
@@ -179,7 +151,7 @@ def test_missing_pod_after_all_were_seen_is_a_deletion() -> None:
 
 def test_stuck_pod_within_timeout_only_requeues() -> None:
     job, pods = running_job()
-    pods[0] = pod(job, 0, waiting="ImagePullBackOff", created=T0)
+    pods[0] = pod_view(job, 0, waiting="ImagePullBackOff", created=T0)
     d = step(job, pods, T0 + timedelta(minutes=1))
     assert d.status.attempt == 0 and d.requeue_after == pytest.approx(240)
 
@@ -203,10 +175,10 @@ def test_stuck_timeout_counts_from_scheduling_not_creation() -> None:
 
 def test_max_restarts_exhausted_fails_and_stops_every_running_pod() -> None:
     job, pods = running_job(runPolicy={"maxRestarts": 1})
-    job = advance(job, step(job, [pod(job, 0, phase="Failed", exit_code=1), *pods[1:]]))
-    running = [pod(job, r, attempt=1, phase="Running") for r in range(3)]
+    job = advance(job, step(job, [pod_view(job, 0, phase="Failed", exit_code=1), *pods[1:]]))
+    running = [pod_view(job, r, attempt=1, phase="Running") for r in range(3)]
     job = advance(job, step(job, running))
-    running[2] = pod(job, 2, attempt=1, phase="Failed", exit_code=3)
+    running[2] = pod_view(job, 2, attempt=1, phase="Failed", exit_code=3)
     d = step(job, running, T0 + timedelta(hours=1))
     assert d.status.phase == "Failed" and cond(d, "Failed") == ("True", "BackoffLimitExceeded")
     assert d.status.restarts == 1 and len(d.status.failures or []) == 2
@@ -217,10 +189,10 @@ def test_max_restarts_exhausted_fails_and_stops_every_running_pod() -> None:
 
 def test_success_needs_every_node() -> None:
     job, _ = running_job()
-    done = [pod(job, 0, phase="Succeeded", exit_code=0), pod(job, 1, phase="Succeeded", exit_code=0)]
-    d = step(job, [*done, pod(job, 2, phase="Running")])
+    done = [pod_view(job, 0, phase="Succeeded", exit_code=0), pod_view(job, 1, phase="Succeeded", exit_code=0)]
+    d = step(job, [*done, pod_view(job, 2, phase="Running")])
     assert d.status.phase == "Running"
-    d = step(job, [*done, pod(job, 2, phase="Succeeded", exit_code=0)], T0 + timedelta(hours=2))
+    d = step(job, [*done, pod_view(job, 2, phase="Succeeded", exit_code=0)], T0 + timedelta(hours=2))
     assert d.status.phase == "Succeeded" and cond(d, "Succeeded") == ("True", "AllNodesSucceeded")
     assert d.status.completion_time == T0 + timedelta(hours=2) and not d.delete_pods
 
@@ -232,7 +204,7 @@ def test_success_needs_every_node() -> None:
 def test_deadline_fails_and_applies_clean_pod_policy(policy: str, deleted: list[str]) -> None:
     job, _ = running_job(runPolicy={"activeDeadlineSeconds": 60, "cleanPodPolicy": policy})
     assert job.status is not None and job.status.start_time == T0
-    pods = [pod(job, 0, phase="Succeeded", exit_code=0), pod(job, 1, phase="Running"), pod(job, 2)]
+    pods = [pod_view(job, 0, phase="Succeeded", exit_code=0), pod_view(job, 1, phase="Running"), pod_view(job, 2)]
     d = step(job, pods, T0 + timedelta(seconds=61))
     assert cond(d, "Failed") == ("True", "DeadlineExceeded") and d.status.phase == "Failed"
     assert sorted(n for n, _ in d.delete_pods) == deleted
@@ -260,7 +232,11 @@ def test_scheduling_timeout_fails_with_the_schedulers_message() -> None:
             }
         ],
     }
-    pods = [pod(job, 0, phase="Running", node="n"), PodView.from_pod(body), pod(job, 2, phase="Running", node="n")]
+    pods = [
+        pod_view(job, 0, phase="Running", node="n"),
+        PodView.from_pod(body),
+        pod_view(job, 2, phase="Running", node="n"),
+    ]
     assert step(job, pods, T0 + timedelta(seconds=10)).requeue_after == pytest.approx(20)
     d = step(job, pods, T0 + timedelta(seconds=31))
     assert cond(d, "Failed") == ("True", "Unschedulable")
@@ -297,7 +273,7 @@ def test_job_created_suspended_creates_nothing() -> None:
 
 def test_ttl_after_finished() -> None:
     job, _ = running_job(runPolicy={"ttlSecondsAfterFinished": 100})
-    done = [pod(job, r, phase="Succeeded", exit_code=0) for r in range(3)]
+    done = [pod_view(job, r, phase="Succeeded", exit_code=0) for r in range(3)]
     job = advance(job, step(job, done, T0))
     d = step(job, done, T0 + timedelta(seconds=40))
     assert not d.delete_job and d.requeue_after == pytest.approx(60)
@@ -306,7 +282,7 @@ def test_ttl_after_finished() -> None:
 
 def test_finished_job_is_never_restarted() -> None:
     job, _ = running_job()
-    job = advance(job, step(job, [pod(job, r, phase="Succeeded", exit_code=0) for r in range(3)]))
+    job = advance(job, step(job, [pod_view(job, r, phase="Succeeded", exit_code=0) for r in range(3)]))
     d = step(job, [])
     assert d.status.phase == "Succeeded" and not d.create_ranks and d.status.attempt == 0
 
@@ -314,7 +290,7 @@ def test_finished_job_is_never_restarted() -> None:
 def test_pods_of_a_newer_attempt_mean_a_stale_view() -> None:
     job, _ = running_job()
     with pytest.raises(StaleView):
-        step(job, [pod(job, 0, attempt=5)])
+        step(job, [pod_view(job, 0, attempt=5)])
 
 
 def test_foreign_pod_holding_a_name_blocks_only_that_rank() -> None:
@@ -345,19 +321,304 @@ def test_transition_time_moves_exactly_when_the_status_flips() -> None:
         return c.last_transition_time
 
     t1, t2, t3 = (T0 + timedelta(minutes=m) for m in (1, 2, 3))
-    d = step(job, [*pods[:2], pod(job, 2, phase="Failed", exit_code=1)], t1)
+    d = step(job, [*pods[:2], pod_view(job, 2, phase="Failed", exit_code=1)], t1)
     assert (moved(d, "Running"), moved(d, "Restarting"), moved(d, "Created")) == (t1, t1, T0)
     job = advance(job, d)
     d = step(job, [], t2)  # still restarting: nothing flips, though reasons and messages may change
     assert (moved(d, "Running"), moved(d, "Restarting")) == (t1, t1)
     job = advance(job, d)
-    d = step(job, [pod(job, r, attempt=1, phase="Running") for r in range(3)], t3)
+    d = step(job, [pod_view(job, r, attempt=1, phase="Running") for r in range(3)], t3)
     assert (moved(d, "Running"), moved(d, "Restarting"), moved(d, "Created")) == (t3, t3, T0)
 
 
 def test_failure_history_is_bounded() -> None:
     job, _ = running_job(runPolicy={"maxRestarts": 100})
     for attempt in range(25):
-        job = advance(job, step(job, [pod(job, 0, attempt=attempt, phase="Failed", exit_code=1)]))
+        job = advance(job, step(job, [pod_view(job, 0, attempt=attempt, phase="Failed", exit_code=1)]))
     assert job.status is not None and job.status.restarts == 25 and len(job.status.failures or []) == 20
     assert (job.status.failures or [])[-1].attempt == 24
+
+
+# --- the late-crash rule ----------------------------------------------------------------------
+
+
+def with_progress(job: TrainingJob, *, step: int = 100, done: bool = True, checkpoint: int | None = 100) -> TrainingJob:
+    """The job after the fold of rank 0's records: progress at `step`, maybe `done`, maybe a checkpoint."""
+    assert job.status is not None
+    status = job.status.model_copy(deep=True)
+    status.progress = Progress(step=step, total_steps=100, updated_at=T0, done_at=T0 if done else None)
+    if checkpoint is not None:
+        status.last_checkpoint = LastCheckpoint(path=f"/checkpoints/step-{checkpoint}", step=checkpoint, time=T0)
+    return job.model_copy(update={"status": status})
+
+
+def late_crash(job: TrainingJob) -> list[PodView]:
+    """Rank 0 exited 0, rank 1 aborted at teardown, rank 2 still tearing down."""
+    return [
+        pod_view(job, 0, phase="Succeeded", exit_code=0),
+        pod_view(job, 1, phase="Failed", exit_code=134, reason="Error"),
+        pod_view(job, 2, phase="Running"),
+    ]
+
+
+def test_late_crash_after_done_and_final_checkpoint_succeeds() -> None:
+    job, _ = running_job()
+    job = with_progress(job)
+    d = step(job, late_crash(job), T0 + timedelta(minutes=1))
+    assert d.status.phase == "Succeeded" and cond(d, "Succeeded") == ("True", "CompletedBeforeFailure")
+    message = (get_condition(d.status, "Succeeded") or pytest.fail("no condition")).message
+    assert "done at step 100" in message and "/checkpoints/step-100" in message
+    assert "node 1" in message and "exit code 134" in message and "not restarted" in message
+    assert (d.status.attempt, d.status.restarts, d.status.failures) == (0, 0, None)
+    assert [n for n, _ in d.delete_pods] == ["j-node-2"]  # cleanPodPolicy Running: the one still tearing down
+    assert [e.reason for e in d.events] == ["CompletedBeforeFailure"]
+
+
+@pytest.mark.parametrize(
+    ("done", "checkpoint"),
+    [(True, 90), (True, None), (False, 100)],
+    ids=["final-checkpoint-missing", "no-checkpoint", "no-done-record"],
+)
+def test_late_crash_without_done_and_final_checkpoint_restarts(done: bool, checkpoint: int | None) -> None:
+    job, _ = running_job()
+    job = with_progress(job, done=done, checkpoint=checkpoint)
+    d = step(job, late_crash(job), T0 + timedelta(minutes=1))
+    assert d.status.phase == "Restarting" and d.status.restarts == 1
+
+
+# --- the failure policy -----------------------------------------------------------------------
+
+EXIT_2_FAILS = {"failurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}}]}}
+DISRUPTION = {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet", "message": "evicted"}
+
+
+def message_of(decision: Decision, kind: str) -> str:
+    condition = get_condition(decision.status, kind)
+    assert condition is not None, kind
+    return condition.message
+
+
+def test_fail_job_rule_fails_at_once_naming_the_rule() -> None:
+    job, pods = running_job(runPolicy=EXIT_2_FAILS)
+    pods[1] = pod_view(job, 1, phase="Failed", exit_code=2, node="n1")
+    d = step(job, pods, T0 + timedelta(minutes=1))
+    assert cond(d, "Failed") == ("True", "FailurePolicy") and d.status.restarts == 0 and d.status.attempt == 0
+    assert "exit code 2" in message_of(d, "Failed")
+    assert message_of(d, "Failed").endswith("failed by failurePolicy.rules[0] (FailJob on exit code 2)")
+    assert [f.exit_code for f in d.status.failures or []] == [2]
+    assert sorted(n for n, _ in d.delete_pods) == ["j-node-0", "j-node-2"]
+
+
+@pytest.mark.parametrize(
+    ("rules", "exit_code", "outcome"),
+    [
+        (EXIT_2_FAILS["failurePolicy"]["rules"], 3, "counted"),  # type: ignore[index]
+        ([{"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [137]}}], 1, "failed"),
+        ([{"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [137]}}], 137, "counted"),
+        ([{"action": "RestartJobAndIgnoreMaxRestarts", "onExitCodes": {"operator": "In", "values": [75]}}], 75, "free"),
+        (
+            [  # the first rule that matches decides
+                {"action": "RestartJob", "onExitCodes": {"operator": "In", "values": [2]}},
+                {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2, 3]}},
+            ],
+            2,
+            "counted",
+        ),
+        ([{"action": "FailJob", "onFailureReasons": ["OOMKilled"]}], 137, "failed"),
+        ([{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]}], 137, "counted"),
+    ],
+)
+def test_exit_code_and_reason_rules(rules: list[dict[str, Any]], exit_code: int, outcome: str) -> None:
+    job, pods = running_job(runPolicy={"failurePolicy": {"rules": rules}})
+    pods[0] = pod_view(job, 0, phase="Failed", exit_code=exit_code, reason="OOMKilled" if exit_code == 137 else "Error")
+    d = step(job, pods, T0 + timedelta(minutes=1))
+    got = {
+        "Failed": "failed",
+        "Restarting": "counted" if d.status.restarts else "free",
+    }[d.status.phase or ""]
+    assert got == outcome
+    assert d.status.restarts + d.status.uncounted_restarts == (0 if outcome == "failed" else 1)
+
+
+DISRUPTED: dict[str, tuple[Callable[[TrainingJob], PodView], str]] = {
+    "disruption-target": (
+        lambda job: pod_view(job, 1, phase="Failed", exit_code=137, node="n1", conditions=[DISRUPTION]),
+        "TerminationByKubelet",
+    ),
+    "evicted-reason": (  # a kubelet that sets no condition: only the pod-level reason
+        lambda job: replace(pod_view(job, 1, phase="Failed", node="n1"), reason="Evicted", message="low on memory"),
+        "Evicted",
+    ),
+    "preempted-and-deleted": (
+        lambda job: pod_view(
+            job,
+            1,
+            phase="Running",
+            terminating=True,
+            node="n1",
+            conditions=[{**DISRUPTION, "reason": "PreemptionByScheduler", "message": "preempted"}],
+        ),
+        "PreemptionByScheduler",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", DISRUPTED)
+def test_disruptions_restart_without_counting(case: str) -> None:
+    disrupted, reason = DISRUPTED[case]
+    job, pods = running_job(runPolicy={"maxRestarts": 0})
+    pods[1] = disrupted(job)
+    d = step(job, pods, T0 + timedelta(minutes=1))
+    assert d.status.phase == "Restarting" and d.status.attempt == 1
+    assert (d.status.restarts, d.status.uncounted_restarts) == (0, 1)
+    assert [f.reason for f in d.status.failures or []] == [reason]
+    assert "not counted against maxRestarts; the default failure policy (RestartJobAndIgnoreMaxRestarts on" in (
+        message_of(d, "Restarting")
+    )
+
+
+def test_a_rule_can_count_disruptions() -> None:
+    rules = [{"action": "RestartJob", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+    job, pods = running_job(runPolicy={"failurePolicy": {"rules": rules}})
+    pods[1] = pod_view(job, 1, phase="Failed", exit_code=137, conditions=[DISRUPTION])
+    d = step(job, pods, T0 + timedelta(minutes=1))
+    assert (d.status.restarts, d.status.uncounted_restarts) == (1, 0)
+    assert "failurePolicy.rules[0] (RestartJob on pod condition DisruptionTarget)" in message_of(d, "Restarting")
+
+
+def test_stuck_pod_matches_a_reason_rule() -> None:
+    job, pods = running_job(
+        runPolicy={"failurePolicy": {"rules": [{"action": "FailJob", "onFailureReasons": ["ImagePullBackOff"]}]}}
+    )
+    pods[2] = pod_view(job, 2, waiting="ImagePullBackOff", created=T0 - timedelta(minutes=10))
+    d = step(job, pods, T0)
+    assert cond(d, "Failed") == ("True", "FailurePolicy")
+    assert "failurePolicy.rules[0] (FailJob on reason ImagePullBackOff)" in message_of(d, "Failed")
+
+
+# --- hang detection ---------------------------------------------------------------------------
+
+
+def progressed(job: TrainingJob, at: datetime, step_: int = 50) -> TrainingJob:
+    assert job.status is not None
+    status = job.status.model_copy(deep=True)
+    status.progress = Progress(step=step_, total_steps=100, updated_at=at)
+    return job.model_copy(update={"status": status})
+
+
+def test_no_progress_since_the_gang_started_running_is_a_stall() -> None:
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60})  # Running since T0
+    d = step(job, pods, T0 + timedelta(seconds=30))
+    assert d.requeue_after == pytest.approx(30) and d.status.wire() == job.status.wire()  # type: ignore[union-attr]
+    d = step(job, pods, T0 + timedelta(seconds=60))
+    assert cond(d, "Stalled") == ("True", "NoProgress") and d.status.phase == "Restarting"
+    (failure,) = d.status.failures or []
+    assert (failure.reason, failure.rank, failure.pod, failure.exit_code) == ("Stalled", 0, "j-node-0", None)
+    assert "none since attempt 0 started running at 2026-01-01T12:00:00Z" in failure.message
+    assert d.status.restarts == 1 and d.status.attempt == 1 and len(d.delete_pods) == 3
+    assert [e.reason for e in d.events] == ["Stalled", "GangRestart"]
+
+
+def test_stall_counts_from_the_last_progress_and_names_it() -> None:
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60})
+    job = progressed(job, T0 + timedelta(seconds=100))
+    assert step(job, pods, T0 + timedelta(seconds=150)).requeue_after == pytest.approx(10)
+    d = step(job, pods, T0 + timedelta(seconds=160))
+    assert "last progress: step 50 at 2026-01-01T12:01:40Z" in message_of(d, "Stalled")
+
+
+def test_the_previous_attempts_progress_does_not_trip_a_fresh_attempt() -> None:
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60})
+    job = progressed(job, T0)
+    job = advance(job, step(job, [pod_view(job, 0, phase="Failed", exit_code=1), *pods[1:]], T0 + timedelta(minutes=5)))
+    job = advance(job, step(job, [], T0 + timedelta(minutes=6)))
+    fresh = [pod_view(job, r, attempt=1, phase="Running") for r in range(3)]
+    job = advance(job, step(job, fresh, T0 + timedelta(minutes=10)))  # attempt 1 runs from here
+    d = step(job, fresh, T0 + timedelta(minutes=10, seconds=30))
+    assert d.status.attempt == 1 and d.requeue_after == pytest.approx(30)
+    assert step(job, fresh, T0 + timedelta(minutes=11)).status.attempt == 2
+
+
+def test_stalled_clears_when_progress_resumes() -> None:
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60})
+    job = advance(job, step(job, pods, T0 + timedelta(seconds=60)))
+    job = advance(job, step(job, [], T0 + timedelta(seconds=70)))
+    fresh = [pod_view(job, r, attempt=1, phase="Running") for r in range(3)]
+    job = advance(job, step(job, fresh, T0 + timedelta(seconds=80)))
+    assert cond(step(job, fresh, T0 + timedelta(seconds=85)), "Stalled") == ("True", "NoProgress")
+    d = step(progressed(job, T0 + timedelta(seconds=90), 7), fresh, T0 + timedelta(seconds=91))
+    assert cond(d, "Stalled") == ("False", "ProgressResumed") and "step 7" in message_of(d, "Stalled")
+
+
+@pytest.mark.parametrize(
+    ("rule", "phase", "counts"),
+    [
+        ({"action": "RestartJobAndIgnoreMaxRestarts", "onFailureReasons": ["Stalled"]}, "Restarting", (0, 1)),
+        ({"action": "FailJob", "onFailureReasons": ["Stalled"]}, "Failed", (0, 0)),
+    ],
+)
+def test_stall_follows_the_failure_policy(rule: dict[str, Any], phase: str, counts: tuple[int, int]) -> None:
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60, "failurePolicy": {"rules": [rule]}})
+    d = step(job, pods, T0 + timedelta(seconds=61))
+    assert d.status.phase == phase and (d.status.restarts, d.status.uncounted_restarts) == counts
+
+
+def test_stall_after_done_and_final_checkpoint_succeeds() -> None:
+    job, _ = running_job(runPolicy={"hangTimeoutSeconds": 60})
+    job = with_progress(job)  # done at T0
+    pods = [
+        pod_view(job, 0, phase="Succeeded", exit_code=0),
+        pod_view(job, 1, phase="Running"),
+        pod_view(job, 2, phase="Running"),
+    ]
+    d = step(job, pods, T0 + timedelta(seconds=60))
+    assert cond(d, "Succeeded") == ("True", "CompletedBeforeFailure") and "Stalled" in message_of(d, "Succeeded")
+    assert sorted(n for n, _ in d.delete_pods) == ["j-node-1", "j-node-2"]
+
+
+@pytest.mark.parametrize("spec", [{}, {"runPolicy": {"hangTimeoutSeconds": 60}}], ids=["off", "gang-not-running"])
+def test_no_stall_without_a_timeout_or_a_running_gang(spec: dict[str, Any]) -> None:
+    job, pods = running_job(**spec)
+    if spec:
+        pods[2] = pod_view(job, 2, phase="Pending")  # e.g. a pod being replaced: the Running condition goes False
+        job = advance(job, step(job, pods, T0 + timedelta(seconds=1)))
+    d = step(job, pods, T0 + timedelta(days=1))
+    assert d.status.attempt == 0 and not is_true(d.status, "Stalled")
+
+
+def test_steady_state_is_a_fixed_point_with_every_policy() -> None:
+    rules = [
+        {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}},
+        {"action": "RestartJobAndIgnoreMaxRestarts", "onFailureReasons": ["Stalled"]},
+    ]
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 600, "failurePolicy": {"rules": rules}})
+    job = advance(job, step(job, [pod_view(job, 1, phase="Failed", exit_code=1, conditions=[DISRUPTION])]))
+    job = advance(job, step(job, [], T0 + timedelta(seconds=5)))
+    pods = [pod_view(job, r, attempt=1, phase="Running") for r in range(3)]
+    job = advance(job, step(job, pods, T0 + timedelta(seconds=10)))
+    job = with_progress(job, step=40, done=False, checkpoint=40)
+    d = step(job, pods, T0 + timedelta(seconds=20))
+    assert not d.create_ranks and not d.delete_pods and not d.events and not d.create_service
+    assert d.status.wire() == job.status.wire()  # type: ignore[union-attr]
+    assert (d.status.uncounted_restarts, d.status.attempt) == (1, 1)
+
+
+def test_pod_views_built_field_by_field_take_the_same_rules() -> None:
+    """The local runner builds PodViews from processes (no conditions, no node): the late-crash
+    rule and the blame (earliest finish, then lowest rank) hold for them too."""
+
+    def process(rank: int, phase: str, exit_code: int | None = None, finished: datetime | None = None) -> PodView:
+        return PodView(
+            f"j-node-{rank}", f"p{rank}", UID, rank, 0, phase, False, T0, exit_code=exit_code, finished=finished
+        )
+
+    job, _ = running_job()
+    crashed = [
+        process(0, "Running"),
+        process(1, "Failed", 134, T0 + timedelta(seconds=2)),
+        process(2, "Failed", 1, T0 + timedelta(seconds=1)),
+    ]
+    d = step(job, crashed, T0 + timedelta(seconds=3))
+    assert [(f.rank, f.exit_code, f.reason) for f in d.status.failures or []] == [(2, 1, "Error")]
+    d = step(with_progress(job), crashed, T0 + timedelta(seconds=3))
+    assert cond(d, "Succeeded") == ("True", "CompletedBeforeFailure") and "node 2" in message_of(d, "Succeeded")

@@ -1,0 +1,51 @@
+"""What `status.decide` returns (the Decision and its Events), the operator-wide Policy it
+reads, and the StaleView it raises; the local runner and the controller both apply these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Literal
+
+from kubetrain.api.models import TrainingJobStatus
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Operator-wide knobs that are not part of a job's spec."""
+
+    stuck_timeout: timedelta = timedelta(minutes=5)
+
+
+DEFAULT_POLICY = Policy()
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass
+class Decision:
+    status: TrainingJobStatus
+    create_service: bool = False
+    create_ranks: list[int] = field(default_factory=list)
+    # (name, uid): deleted with a uid precondition so that a same-named pod of a newer
+    # attempt is never hit.
+    delete_pods: list[tuple[str, str]] = field(default_factory=list)
+    delete_job: bool = False
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+    # The status must be written before anything is deleted: it records why (the failure,
+    # the new attempt), and a crash after the deletes must not lose that.
+    commit_first: bool = False
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
+
+class StaleView(Exception):
+    """Pods of a newer attempt than the status knows: the job body is out of date."""

@@ -1,0 +1,177 @@
+"""Pure: what a gang failure is, and what it leads to.
+
+* `failure_of` / `stall_failure` turn a failed, deleted, stuck or stalled pod into the
+  `Failure` that status.failures[] records; `describe` is its one-line account.
+* `judge` applies `runPolicy.failurePolicy` (after Kubernetes' podFailurePolicy and
+  JobSet's failurePolicy): the user's rules in order, then the defaults below, then
+  RestartJob. Its `Verdict` names the rule, so conditions and Events can say why.
+* `completed` is the late-crash rule: once rank 0 recorded `done` and the newest
+  checkpoint holds that step, the work is saved and no failure reruns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from kubetrain.api.models import (
+    ExitCodesRequirement,
+    Failure,
+    FailureAction,
+    FailurePolicy,
+    FailurePolicyRule,
+    PodConditionPattern,
+    Progress,
+    TrainingJobStatus,
+)
+from kubetrain.operator.pods import PodCondition, PodView
+
+MESSAGE_TAIL = 2048
+# Set by Kubernetes (1.26+) on a pod it is about to stop for reasons not the pod's own:
+# preemption, eviction (API or node pressure), taint-based deletion, node shutdown, pod GC.
+DISRUPTION_CONDITION = "DisruptionTarget"
+# Pod-level reasons of the same disruptions where no condition is set (older kubelets, node
+# controllers): node-pressure eviction, preemption, a lost node, graceful node shutdown.
+DISRUPTION_REASONS = ("Evicted", "Preempted", "NodeLost", "Terminated")
+# Applied after the user's rules: a disruption is not the job's fault, so it does not use up
+# the restart budget.
+DEFAULT_RULES = (
+    FailurePolicyRule(
+        action="RestartJobAndIgnoreMaxRestarts", on_pod_conditions=[PodConditionPattern(type=DISRUPTION_CONDITION)]
+    ),
+    FailurePolicyRule(action="RestartJobAndIgnoreMaxRestarts", on_failure_reasons=list(DISRUPTION_REASONS)),
+)
+
+FailureKind = Literal["failed", "deleted", "stuck"]
+
+
+def _disruption(pod: PodView) -> PodCondition | None:
+    return next((c for c in pod.conditions if c.type == DISRUPTION_CONDITION and c.status == "True"), None)
+
+
+def failure_of(pod: PodView, attempt: int, kind: FailureKind, now: datetime) -> Failure:
+    disruption = _disruption(pod)
+    if disruption is not None and pod.reason not in DISRUPTION_REASONS:
+        # PreemptionByScheduler, EvictionByEvictionAPI, ...: says more than "Error" or "PodDeleted".
+        reason = disruption.reason or DISRUPTION_CONDITION
+        message = disruption.message or f"pod {pod.name} was disrupted ({reason})"
+    elif kind == "deleted":
+        reason, message = "PodDeleted", f"pod {pod.name} was deleted while the attempt ran"
+    elif kind == "stuck":
+        reason = pod.waiting_reason or "Stuck"
+        message = f"pod {pod.name} waited in {reason} longer than the stuck timeout"
+    else:
+        reason = pod.reason or ("Error" if pod.exit_code else "Failed")
+        message = pod.message
+    return Failure(
+        attempt=attempt,
+        rank=pod.rank,
+        pod=pod.name,
+        node=pod.node,
+        exit_code=pod.exit_code,
+        reason=reason[:256],
+        message=message[-MESSAGE_TAIL:],
+        time=pod.finished or now,
+    )
+
+
+def stamp(time: datetime) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def stall_failure(
+    rank0: PodView, attempt: int, progress: Progress | None, running_since: datetime, timeout: int, now: datetime
+) -> Failure:
+    """The failure a stall records: how long, and the last progress rank 0 reported."""
+    if progress is not None and progress.updated_at is not None and progress.updated_at > running_since:
+        last = f"last progress: step {progress.step} at {stamp(progress.updated_at)}"
+    else:
+        last = f"none since attempt {attempt} started running at {stamp(running_since)}"
+    message = f"rank 0 (pod {rank0.name}) reported no progress for hangTimeoutSeconds={timeout}; {last}"
+    return Failure(
+        attempt=attempt, rank=rank0.rank, pod=rank0.name, node=rank0.node, reason="Stalled", message=message, time=now
+    )
+
+
+def stall_due(progress: Progress | None, running_since: datetime, timeout: int) -> datetime:
+    """Counted from the later of rank 0's last progress and the start of this attempt's run:
+    the previous attempt's progress must not trip a fresh attempt."""
+    last = progress.updated_at if progress is not None and progress.updated_at is not None else running_since
+    return max(last, running_since) + timedelta(seconds=timeout)
+
+
+def describe(failure: Failure) -> str:
+    what = f"node {failure.rank} (pod {failure.pod}"
+    what += f" on {failure.node})" if failure.node else ")"
+    code = f" with exit code {failure.exit_code}" if failure.exit_code is not None else ""
+    detail = f": {failure.message.strip().splitlines()[-1]}" if failure.message.strip() else ""
+    return f"{what} failed{code} ({failure.reason}){detail}"[:1024]
+
+
+# --- the failure policy -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: FailureAction
+    # "failurePolicy.rules[0] (FailJob on exit code 2)"; None when no rule matched.
+    rule: str | None = None
+
+
+def judge(policy: FailurePolicy | None, failure: Failure, conditions: Sequence[PodCondition]) -> Verdict:
+    for index, rule in enumerate(policy.rules if policy is not None else []):
+        if _matches(rule, failure, conditions):
+            return Verdict(rule.action, f"failurePolicy.rules[{index}] ({describe_rule(rule)})")
+    for rule in DEFAULT_RULES:
+        if _matches(rule, failure, conditions):
+            return Verdict(rule.action, f"the default failure policy ({describe_rule(rule)})")
+    return Verdict("RestartJob")
+
+
+def _matches(rule: FailurePolicyRule, failure: Failure, conditions: Sequence[PodCondition]) -> bool:
+    if rule.on_exit_codes is not None:
+        return _exit_code_matches(rule.on_exit_codes, failure.exit_code)
+    if rule.on_pod_conditions is not None:
+        return any(c.type == p.type and c.status == p.status for p in rule.on_pod_conditions for c in conditions)
+    return failure.reason in (rule.on_failure_reasons or [])
+
+
+def _exit_code_matches(requirement: ExitCodesRequirement, code: int | None) -> bool:
+    # As in Kubernetes: a pod without an exit code (deleted, stuck) matches neither operator,
+    # and success (0) never matches NotIn.
+    if code is None:
+        return False
+    listed = code in requirement.values
+    return listed if requirement.operator == "In" else not listed and code != 0
+
+
+def describe_rule(rule: FailurePolicyRule) -> str:
+    if rule.on_exit_codes is not None:
+        codes = ", ".join(str(v) for v in rule.on_exit_codes.values)
+        plural = "s" if len(rule.on_exit_codes.values) > 1 else ""
+        match = f"exit code{plural} {codes}" if rule.on_exit_codes.operator == "In" else f"exit code not in {codes}"
+    elif rule.on_pod_conditions is not None:
+        names = [p.type if p.status == "True" else f"{p.type}={p.status}" for p in rule.on_pod_conditions]
+        match = f"pod condition {' or '.join(names)}"
+    else:
+        match = f"reason {' or '.join(rule.on_failure_reasons or [])}"
+    return f"{rule.action} on {match}"
+
+
+# --- the late-crash rule ----------------------------------------------------------------
+
+
+def completed(status: TrainingJobStatus) -> str | None:
+    """Why the work is complete, or None: rank 0 recorded `done` (progress.doneAt, which a new
+    run's records clear) and the newest checkpoint holds at least the step it finished at."""
+    progress, checkpoint = status.progress, status.last_checkpoint
+    if progress is None or progress.done_at is None or progress.step is None or checkpoint is None:
+        return None
+    if checkpoint.step < progress.step:
+        return None
+    return (
+        f"rank 0 recorded done at step {progress.step} ({stamp(progress.done_at)}) and checkpoint "
+        f"{checkpoint.path} holds step {checkpoint.step}"
+    )

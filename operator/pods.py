@@ -1,0 +1,125 @@
+"""What reconciling needs to know about one pod: `PodView`, read from a Pod or built field by
+field (the local runner builds them from processes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kubetrain.api import naming
+
+# Waiting reasons a pod does not recover from by itself, or only by luck: after
+# `stuck_timeout` they count as a failure of the gang.
+STUCK_REASONS = frozenset(
+    {
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "InvalidImageName",
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def parse_time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    if isinstance(value, datetime):
+        return value
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+def _int_label(labels: dict[str, str], key: str) -> int | None:
+    value = labels.get(key)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+@dataclass(frozen=True)
+class PodCondition:
+    """A pod condition, as failurePolicy.rules[].onPodConditions matches it."""
+
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What reconciling needs to know about one pod."""
+
+    name: str
+    uid: str
+    job_uid: str | None
+    rank: int | None
+    attempt: int | None
+    phase: str
+    terminating: bool
+    created: datetime | None
+    node: str | None = None
+    scheduled: bool = False
+    # When the scheduler placed it: a pod that waited for a node has not been stuck meanwhile.
+    scheduled_at: datetime | None = None
+    schedule_message: str = ""
+    waiting_reason: str | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    message: str = ""
+    finished: datetime | None = None
+    conditions: tuple[PodCondition, ...] = ()
+
+    @classmethod
+    def from_pod(cls, pod: dict[str, Any]) -> PodView:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        status = pod.get("status") or {}
+        labels = meta.get("labels") or {}
+        scheduled_condition = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+        exit_code = waiting = reason = None
+        message = ""
+        finished = None
+        for cs in status.get("containerStatuses") or []:
+            if cs.get("name") != naming.CONTAINER_NAME:
+                continue
+            state = cs.get("state") or {}
+            if "terminated" in state:
+                terminated = state["terminated"] or {}
+                exit_code = terminated.get("exitCode")
+                reason = terminated.get("reason")
+                message = terminated.get("message") or ""
+                finished = parse_time(terminated.get("finishedAt"))
+            elif "waiting" in state:
+                waiting = (state["waiting"] or {}).get("reason")
+        if status.get("reason"):  # pod-level: Evicted, DeadlineExceeded, NodeLost, ...
+            reason = status["reason"]
+            message = status.get("message") or message
+        return cls(
+            name=meta.get("name", ""),
+            uid=meta.get("uid", ""),
+            job_uid=labels.get(naming.LABEL_JOB_UID),
+            rank=_int_label(labels, naming.LABEL_NODE_RANK),
+            attempt=_int_label(labels, naming.LABEL_ATTEMPT),
+            phase=status.get("phase") or "Pending",
+            terminating=bool(meta.get("deletionTimestamp")),
+            created=parse_time(meta.get("creationTimestamp")),
+            node=spec.get("nodeName"),
+            scheduled=bool(spec.get("nodeName"))
+            or (scheduled_condition is not None and scheduled_condition.get("status") == "True"),
+            scheduled_at=parse_time(scheduled_condition.get("lastTransitionTime"))
+            if scheduled_condition is not None and scheduled_condition.get("status") == "True"
+            else None,
+            schedule_message=(scheduled_condition or {}).get("message") or "",
+            waiting_reason=waiting,
+            exit_code=exit_code,
+            reason=reason,
+            message=message,
+            finished=finished,
+            conditions=tuple(
+                PodCondition(c.get("type", ""), c.get("status", ""), c.get("reason") or "", c.get("message") or "")
+                for c in status.get("conditions") or []
+            ),
+        )
