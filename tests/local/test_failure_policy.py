@@ -3,24 +3,21 @@ processes: the operator's decision applies them to the local gang exactly as on 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import textwrap
 from pathlib import Path
 from typing import Any
 
 from support.jobs import fake_job, write_job
-from support.local_runs import start_run, summary
+from support.local_runs import finish_run, run_status, summary
 
 from kubetrain.api.models import TrainingJobStatus
 from kubetrain.operator.status import get_condition
 
 
 def run(job: dict[str, Any], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], TrainingJobStatus]:
-    proc = start_run(write_job(tmp_path, job), tmp_path / "run")
-    out, _ = proc.communicate(timeout=180)
-    status = TrainingJobStatus.model_validate(json.loads((tmp_path / "run" / "status.json").read_text()))
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, ""), status
+    done = finish_run(write_job(tmp_path, job), tmp_path / "run")
+    return done, run_status(tmp_path / "run")
 
 
 def test_a_fail_job_rule_on_exit_code_2_fails_at_once(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from support.jobs import fake_job, write_job
-from support.local_runs import start_run, summary
+from support.local_runs import finish_run, run_status, summary
 
 from kubetrain.api.models import TrainingJobStatus
 from kubetrain.api.records import fold
@@ -26,10 +26,8 @@ RECORDS = [
 
 
 def run(job: dict[str, Any], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], TrainingJobStatus]:
-    proc = start_run(write_job(tmp_path, job), tmp_path / "run")
-    out, _ = proc.communicate(timeout=120)
-    status = TrainingJobStatus.model_validate(json.loads((tmp_path / "run" / "status.json").read_text()))
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, ""), status
+    done = finish_run(write_job(tmp_path, job), tmp_path / "run")
+    return done, run_status(tmp_path / "run")
 
 
 def test_rank_0_records_are_folded_as_the_operator_folds_them(tmp_path: Path) -> None:

@@ -7,9 +7,9 @@ import os
 import signal
 import sys
 import textwrap
+from typing import Any
 
 import psutil
-from conftest import Launcher
 
 SCRIPT = textwrap.dedent(
     f"""
@@ -23,7 +23,8 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_cleanup_stops_workers_in_sessions_of_their_own(launcher: Launcher) -> None:
+def test_cleanup_stops_workers_in_sessions_of_their_own(launcher: Any) -> None:
+    # `launcher` is conftest's Launcher fixture (not imported by name: another conftest may own that name).
     gang = launcher.ranks(1, ["-c", SCRIPT])
     (proc,) = gang.procs
     assert proc.stdout is not None
