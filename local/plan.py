@@ -1,8 +1,9 @@
 """The plan of a local run: the job's rendered pods as node processes, validated before anything starts.
 
 The pods come from the operator's own renderer (`render.render_pods`); `kubetrain.local.localize`
-changes the few things one machine cannot share with a cluster. Everything else in the pod
-(image, resources, volumes, scheduling) has no local meaning and is ignored.
+changes the few things one machine cannot share with a cluster. spec.template's volumes, mounts
+and workingDir are mapped, or refused, by `kubetrain.local.volumes`. Everything else in the pod
+(image, resources, scheduling) has no local meaning and is ignored.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from kubetrain.local.localize import (
     localize_env,
     resolve_env,
 )
+from kubetrain.local.volumes import NO_CHOICES, LocalChoices, LocalVolumes, plan_volumes
 from kubetrain.operator.render import render_pods
 
 LOCAL_NAMESPACE = "default"
@@ -54,6 +56,7 @@ class NodeProcess:
     # What localize_env changed: name -> (rendered value, local value).
     rewritten: dict[str, tuple[str | None, str]] = field(default_factory=dict)
     netns: str | None = None
+    cwd: str | None = None  # spec.template's workingDir, mapped (local/volumes.py)
 
     def full_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         base = os.environ if base is None else base
@@ -115,6 +118,7 @@ class LocalPlan:
     node_addrs: list[str]
     netns: list[str] | None = None
     socket_ifname: str | None = None
+    volumes: LocalVolumes = field(default_factory=LocalVolumes)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -153,7 +157,7 @@ class LocalPlan:
                     netns=self.netns[rank] if self.netns else None,
                 )
             )
-        return out
+        return [self.volumes.localize(node, self.run_dir) for node in out]
 
 
 def default_run_dir(job: TrainingJob, now: str) -> Path:
@@ -184,6 +188,7 @@ def make_plan(
     gpus_per_node: int | None = None,
     run_dir: Path | None = None,
     now: str = "",
+    choices: LocalChoices = NO_CHOICES,
 ) -> LocalPlan:
     """Load, validate and render everything; raises InvalidTrainingJob or LocalRunError on bad input."""
     job = apply_overrides(load_job(path), nodes=nodes, gpus_per_node=gpus_per_node)
@@ -197,6 +202,7 @@ def make_plan(
         uid=str(uuid.uuid4()),
         devices=devices,
         node_addrs=["127.0.0.1"] * job.spec.nodes,
+        volumes=plan_volumes(job, choices),
     )
     plan.nodes(attempt=0, master_port=job.spec.master_port)  # refuses unresolvable env now
     return plan
@@ -232,13 +238,16 @@ def write_run_files(plan: LocalPlan, nodes: Sequence[NodeProcess]) -> None:
     (plan.run_dir / "job.yaml").write_text(yaml.safe_dump(plan.job.wire(), sort_keys=False))
     (plan.run_dir / "pods.yaml").write_text(yaml.safe_dump_all(plan.pods(attempt=0), sort_keys=False))
     (plan.run_dir / "local-rewrites.json").write_text(json.dumps(describe_rewrites(nodes), indent=2) + "\n")
+    plan.volumes.prepare(plan.run_dir)
 
 
 def check_command(node: NodeProcess) -> None:
     """Refuse a command that cannot start here before anything starts, naming the field."""
     program = node.argv[0]
     path = node.full_env().get("PATH")
-    found = Path(program).is_file() if os.sep in program else shutil.which(program, path=path) is not None
+    found = (
+        Path(node.cwd or ".", program).is_file() if os.sep in program else shutil.which(program, path=path) is not None
+    )
     if not found:
         raise LocalRunError(
             f"spec.command: {program!r} not found "

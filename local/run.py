@@ -18,6 +18,7 @@ from kubetrain.local.plot import plot_run
 from kubetrain.local.result import EXIT_BAD_INPUT, EXIT_FAILED
 from kubetrain.local.supervisor import NodeStartError, Supervisor
 from kubetrain.local.view import make_view
+from kubetrain.local.volumes import NO_CHOICES, LocalChoices, UnmappableError
 
 
 def run_local(
@@ -27,6 +28,7 @@ def run_local(
     gpus_per_node: int | None = None,
     run_dir: Path | None = None,
     netns: bool = False,
+    choices: LocalChoices = NO_CHOICES,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
@@ -40,10 +42,11 @@ def run_local(
             gpus_per_node=gpus_per_node,
             run_dir=run_dir,
             now=time.strftime("%Y%m%d-%H%M%S"),
+            choices=choices,
         )
         for node in plan.nodes(attempt=0, master_port=plan.job.spec.master_port):
             check_command(node)
-    except (InvalidTrainingJob, LocalRunError) as error:
+    except (InvalidTrainingJob, LocalRunError, UnmappableError) as error:
         print(f"error: {error}", file=err)
         return EXIT_BAD_INPUT
     with contextlib.ExitStack() as stack:
@@ -78,6 +81,8 @@ def supervise(plan: LocalPlan, out: TextIO, err: TextIO) -> int:
     view = make_view(out)
     try:
         view.begin(plan)
+        for line in plan.volumes.describe(plan.run_dir):
+            view.notice(line)
         try:
             result = Supervisor(plan, view).run()
         except NodeStartError as error:

@@ -246,7 +246,12 @@ class Supervisor:
         argv = spec.argv if spec.netns is None else ["ip", "netns", "exec", spec.netns, *spec.argv]
         try:
             return ProcessTree.start(
-                argv, env=spec.full_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                argv,
+                env=spec.full_env(),
+                cwd=spec.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
             )
         except OSError as error:
             raise NodeStartError(
