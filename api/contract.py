@@ -24,6 +24,9 @@ RANK = "RANK"
 LOCAL_RANK = "LOCAL_RANK"
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 PET_PREFIX = "PET_"
+# checkpoint.dir, for scripts of your own: where their checkpoints survive a restart (the
+# checkpoint volume on a cluster, <run-dir>/checkpoints with --local). Reserved by the prefix.
+CHECKPOINT_DIR_ENV = "KUBETRAIN_CHECKPOINT_DIR"
 TORCHRUN_MIRRORED = (NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT)
 
 # Names a user's `env` may not set: a mismatch here is the classic "RANK means the node"

@@ -79,6 +79,7 @@ def test_pod_env_contract_exact() -> None:
         {"name": "LOCAL_WORLD_SIZE", "value": "1"},
         {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
         {"name": "KUBETRAIN_CONFIG", "value": j.spec.trainer_config().to_env_value()},
+        {"name": "KUBETRAIN_CHECKPOINT_DIR", "value": "/checkpoints"},
         {"name": "FOO", "value": "bar"},
     ]
     # The config round-trips into the trainer's model unchanged.

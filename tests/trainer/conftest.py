@@ -7,10 +7,8 @@ machine is small and shared.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +22,7 @@ import pytest
 from kubetrain.api import contract
 from kubetrain.api.contract import free_port
 from kubetrain.api.training import CONFIG_ENV, TrainConfig
+from kubetrain.local.processes import ProcessTree, stop, subreaper
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -39,9 +38,13 @@ def base_env() -> dict[str, str]:
 
 @dataclass
 class Gang:
-    """The processes of one launch, killed (by process group) if a test leaves them running."""
+    """The process trees of one launch, stopped (every worker too) if a test leaves them running."""
 
-    procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    trees: list[ProcessTree] = field(default_factory=list)
+
+    @property
+    def procs(self) -> list[subprocess.Popen[str]]:
+        return [tree.proc for tree in self.trees]
 
     def wait(self, timeout: float = 180) -> list[tuple[int, str, str]]:
         """(returncode, stdout, stderr) per rank; every rank is reaped even if one times out."""
@@ -58,18 +61,14 @@ class Gang:
         return results
 
     def kill(self) -> None:
-        # Each launch is its own process group (start_new_session): killing the group also
-        # ends the workers of a torchrun, which killing torchrun's PID alone would orphan.
-        for proc in self.procs:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        # torchrun starts each worker in a session of its own: killing torchrun's group alone
+        # would leave the workers running. The supervision module stops every noted group.
+        stop(self.trees, grace_s=0)
 
 
-def spawn(command: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
-    """One launch in a session of its own, so cleanup can kill torchrun's workers with it."""
-    return subprocess.Popen(
-        command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+def spawn(command: list[str], env: dict[str, str], cwd: Path) -> ProcessTree:
+    """One launch as a process tree of its own, so cleanup reaches torchrun's workers too."""
+    return ProcessTree.start(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def records(stdout: str) -> list[dict[str, Any]]:
@@ -102,7 +101,7 @@ class Launcher:
             if config is not None:
                 env[CONFIG_ENV] = config.to_env_value()
             env.update((env_override or {}).get(rank, {}))
-            gang.procs.append(spawn([PYTHON, *args], env, cwd))
+            gang.trees.append(spawn([PYTHON, *args], env, cwd))
         self.gangs.append(gang)
         return gang
 
@@ -123,17 +122,17 @@ class Launcher:
     def cleanup(self) -> None:
         for gang in self.gangs:
             gang.kill()
-            for proc in gang.procs:
-                proc.wait(10)
 
 
 @pytest.fixture
 def launcher() -> Iterator[Launcher]:
     launch = Launcher()
-    try:
-        yield launch
-    finally:
-        launch.cleanup()
+    # Workers orphaned by a dead torchrun are re-parented to the test process, where cleanup finds them.
+    with subreaper():
+        try:
+            yield launch
+        finally:
+            launch.cleanup()
 
 
 def digits_config(directory: Path, **training: Any) -> TrainConfig:
