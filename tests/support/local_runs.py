@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kubetrain.api.models import TrainingJobStatus
+from kubetrain.api.records import parse_record
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBETRAIN = str(Path(sys.executable).parent / "kubetrain")
@@ -50,13 +51,7 @@ def records(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "checkpoints" / "metrics.jsonl"
     if not path.exists():
         return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return [record for line in path.read_text().splitlines() if (record := parse_record(line)) is not None]
 
 
 def summary(run_dir: Path) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ROOT, Launcher, records
+from support.trainer_runs import ROOT, Launcher, records
 
 from kubetrain.trainer.checkpoint import Checkpointer, complete_checkpoints, latest_checkpoint, read_checkpoint
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import base_env, free_port
+from support.trainer_runs import base_env, free_port
 
 from kubetrain.api import contract
 from kubetrain.api.training import TrainingSpec
