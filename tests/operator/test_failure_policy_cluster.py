@@ -24,11 +24,6 @@ pytestmark = pytest.mark.cluster
 PROGRESS_INTERVAL = 2
 
 
-def run_all(kubelet: FakeKubelet, cluster: Cluster, job: str, attempt: int, nodes: int) -> None:
-    for pod in cluster.wait_pods(job, nodes, attempt):
-        kubelet.run(cluster.namespace, pod.metadata.name)
-
-
 def time_of(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
@@ -43,7 +38,7 @@ def test_an_evicted_pod_restarts_the_gang_without_using_the_budget(
 ) -> None:
     ns = cluster.namespace
     cluster.create_job("evict", nodes=2, runPolicy={"maxRestarts": 0})
-    run_all(kubelet, cluster, "evict", 0, 2)
+    cluster.run_all(kubelet, "evict", 0, 2)
     cluster.wait_job("evict", has_condition("Running"), "Running")
 
     # What a kubelet under memory pressure writes (Kubernetes >= 1.26 adds the condition).
@@ -58,7 +53,7 @@ def test_an_evicted_pod_restarts_the_gang_without_using_the_budget(
     assert (failure["rank"], failure["reason"]) == (1, "Evicted")
 
     # maxRestarts 0, yet the gang runs again: the disruption used none of the budget.
-    run_all(kubelet, cluster, "evict", 1, 2)
+    cluster.run_all(kubelet, "evict", 1, 2)
     job = cluster.wait_job("evict", has_condition("Running"), "Running as attempt 1")
     assert status(job)["phase"] == "Running" and status(job)["restarts"] == 0
     (restart,) = [e for e in cluster.events("evict") if e.reason == "GangRestart"]
@@ -73,7 +68,7 @@ def test_a_fail_job_rule_fails_at_once_naming_the_rule(
 ) -> None:
     rules = [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}}]
     cluster.create_job("badconf", nodes=2, runPolicy={"maxRestarts": 3, "failurePolicy": {"rules": rules}})
-    run_all(kubelet, cluster, "badconf", 0, 2)
+    cluster.run_all(kubelet, "badconf", 0, 2)
     cluster.wait_job("badconf", has_condition("Running"), "Running")
 
     kubelet.fail(cluster.namespace, "badconf-node-0", exit_code=2)
@@ -94,7 +89,7 @@ def test_a_gang_without_progress_goes_stalled_and_restarts(
     when the attempt started running."""
     hang = 3
     cluster.create_job("hung", nodes=2, runPolicy={"hangTimeoutSeconds": hang})
-    run_all(kubelet, cluster, "hung", 0, 2)
+    cluster.run_all(kubelet, "hung", 0, 2)
     running = condition(cluster.wait_job("hung", has_condition("Running"), "Running"), "Running")
     assert running is not None
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
 from support.controlplane import ControlPlane
 from support.kubelet import FakeKubelet
 from support.objects import Cluster, condition, has_condition
@@ -26,11 +25,6 @@ pytestmark = pytest.mark.cluster
 
 def attempt_of(job: dict[str, Any]) -> int:
     return int((job.get("status") or {}).get("attempt", 0))
-
-
-def run_all(kubelet: FakeKubelet, cluster: Cluster, job: str, attempt: int, nodes: int) -> None:
-    for pod in cluster.wait_pods(job, nodes, attempt):
-        kubelet.run(cluster.namespace, pod.metadata.name)
 
 
 def test_three_node_job_has_one_service_and_three_pods_with_the_exact_contract(
@@ -106,7 +100,7 @@ def test_one_failed_pod_restarts_the_gang_until_the_backoff_limit(
 ) -> None:
     ns = cluster.namespace
     cluster.create_job("gang", nodes=3, runPolicy={"maxRestarts": 2})
-    run_all(kubelet, cluster, "gang", 0, 3)
+    cluster.run_all(kubelet, "gang", 0, 3)
     cluster.wait_job("gang", lambda j: j.get("status", {}).get("phase") == "Running", "Running")
     first_uids = {p.metadata.uid for p in cluster.live_pods("gang")}
 
@@ -120,13 +114,13 @@ def test_one_failed_pod_restarts_the_gang_until_the_backoff_limit(
 
     pods = cluster.wait_pods("gang", 3, attempt=1)
     assert not first_uids & {p.metadata.uid for p in pods}  # every pod is new, not just rank 1
-    run_all(kubelet, cluster, "gang", 1, 3)
+    cluster.run_all(kubelet, "gang", 1, 3)
     job = cluster.wait_job("gang", has_condition("Running"), "Running again")
     assert condition(job, "Restarting")["status"] == "False"  # type: ignore[index]
 
     for attempt in (1, 2):
         if attempt == 2:
-            run_all(kubelet, cluster, "gang", 2, 3)
+            cluster.run_all(kubelet, "gang", 2, 3)
             cluster.wait_job("gang", has_condition("Running"), "Running at attempt 2")
         kubelet.fail(ns, "gang-node-0", exit_code=1)
         if attempt == 1:
@@ -146,7 +140,7 @@ def test_one_failed_pod_restarts_the_gang_until_the_backoff_limit(
 
 def test_success_when_every_node_exits_zero(cluster: Cluster, operator: OperatorProcess, kubelet: FakeKubelet) -> None:
     cluster.create_job("ok", nodes=2)
-    run_all(kubelet, cluster, "ok", 0, 2)
+    cluster.run_all(kubelet, "ok", 0, 2)
     # Both Running first: otherwise the operator may see node 0 finished beside a node 1 it has
     # not yet seen running (the job never was Running), which is not what this test is about.
     cluster.wait_job("ok", has_condition("Running"), "Running")
@@ -188,7 +182,7 @@ def test_suspend_deletes_the_pods_and_resume_recreates_them(
     cluster: Cluster, operator: OperatorProcess, kubelet: FakeKubelet
 ) -> None:
     cluster.create_job("nap", nodes=2)
-    run_all(kubelet, cluster, "nap", 0, 2)
+    cluster.run_all(kubelet, "nap", 0, 2)
     cluster.wait_job("nap", has_condition("Running"), "Running")
     cluster.patch_spec("nap", {"runPolicy": {"suspend": True}})
     job = cluster.wait_job("nap", has_condition("Suspended"), "Suspended")
@@ -199,7 +193,7 @@ def test_suspend_deletes_the_pods_and_resume_recreates_them(
     job = cluster.wait_job("nap", has_condition("Suspended", "False", "Resumed"), "resumed")
     cluster.wait_pods("nap", 2, attempt=attempt_of(job))
     assert attempt_of(job) == 1 and job["status"]["restarts"] == 0
-    run_all(kubelet, cluster, "nap", 1, 2)
+    cluster.run_all(kubelet, "nap", 1, 2)
     cluster.wait_job("nap", has_condition("Running"), "Running after resume")
 
 
@@ -237,29 +231,7 @@ def test_ttl_and_delete_garbage_collect_the_children(
 
 def test_pods_pass_pod_security_restricted(cluster: Cluster, operator: OperatorProcess) -> None:
     """The namespace enforces the restricted Pod Security Standard: the server admits the pods."""
-    labels = {
-        "pod-security.kubernetes.io/enforce": "restricted",
-        "pod-security.kubernetes.io/enforce-version": "latest",
-    }
-    cluster.core.patch_namespace(cluster.namespace, {"metadata": {"labels": labels}})
-    privileged = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "privileged"},
-        "spec": {"containers": [{"name": "c", "image": "busybox", "securityContext": {"privileged": True}}]},
-    }
-
-    def enforced() -> bool:
-        try:
-            cluster.core.create_namespaced_pod(cluster.namespace, privileged, dry_run="All")
-        except client.ApiException as exc:
-            if exc.status == 403:
-                return True
-            raise
-        return False
-
-    # Without this the job's pods could pass only because the label was not seen yet.
-    wait_for(enforced, 10, "Pod Security admission refusing a privileged pod")
+    cluster.enforce_pod_security("restricted")
     cluster.create_job("strict", nodes=2, gpusPerNode=1, backend="nccl")
     cluster.wait_job("strict", has_condition("Created"), "Created under enforce=restricted")
     assert len(cluster.wait_pods("strict", 2)) == 2

@@ -13,7 +13,6 @@ from kubernetes import client
 from support.controlplane import ControlPlane
 from support.objects import Cluster, condition, has_condition
 from support.operator_process import OperatorProcess
-from support.waiting import wait_for
 
 from kubetrain.api.models import TrainingJob
 from kubetrain.operator.render import RenderSettings, render_pod
@@ -112,34 +111,11 @@ def test_kubectl_apply_names_the_bad_affinity_field(crds_installed: ControlPlane
     crds_installed.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(fixed))
 
 
-def enforce(cluster: Cluster, level: str) -> None:
-    labels = {"pod-security.kubernetes.io/enforce": level, "pod-security.kubernetes.io/enforce-version": "latest"}
-    cluster.core.patch_namespace(cluster.namespace, {"metadata": {"labels": labels}})
-    privileged = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "privileged"},
-        "spec": {"containers": [{"name": "c", "image": "busybox", "securityContext": {"privileged": True}}]},
-    }
-
-    def enforced() -> bool:
-        try:
-            cluster.core.create_namespaced_pod(cluster.namespace, privileged, dry_run="All")
-        except client.ApiException as exc:
-            if exc.status == 403:
-                return True
-            raise
-        return False
-
-    # Both levels refuse a privileged pod; without this the label might not be seen yet.
-    wait_for(enforced, 10, f"Pod Security admission enforcing {level}")
-
-
 ROOT_IMAGE = {"image": "pytorch/pytorch:2.5.1", "template": {"spec": {"securityContext": {"runAsUser": 0}}}}
 
 
 def test_a_root_image_runs_where_baseline_is_enforced(cluster: Cluster, operator: OperatorProcess) -> None:
-    enforce(cluster, "baseline")
+    cluster.enforce_pod_security("baseline")
     cluster.create_job("root", nodes=2, **ROOT_IMAGE)
     cluster.wait_job("root", has_condition("Created"), "Created under enforce=baseline")
     pods = cluster.wait_pods("root", 2)
@@ -148,7 +124,7 @@ def test_a_root_image_runs_where_baseline_is_enforced(cluster: Cluster, operator
 
 
 def test_a_root_image_is_refused_where_restricted_is_enforced(cluster: Cluster, operator: OperatorProcess) -> None:
-    enforce(cluster, "restricted")
+    cluster.enforce_pod_security("restricted")
     cluster.create_job("root", nodes=2, **ROOT_IMAGE)
     job = cluster.wait_job("root", has_condition("Failed", reason="PodCreationFailed"), "PodCreationFailed")
     message = condition(job, "Failed")["message"]  # type: ignore[index]

@@ -86,6 +86,35 @@ class Cluster:
         except Exception as exc:
             raise AssertionError(f"{name}: {what}; last status: {last.get('status')}") from exc
 
+    def run_all(self, kubelet: Any, job: str, attempt: int, nodes: int) -> None:
+        """Wait for the `nodes` live pods of `attempt` and mark each Running on the fake kubelet."""
+        for pod in self.wait_pods(job, nodes, attempt):
+            kubelet.run(self.namespace, pod.metadata.name)
+
+    def enforce_pod_security(self, level: str) -> None:
+        """Label the namespace to enforce Pod Security `level` and wait until admission does
+        (both baseline and restricted refuse a privileged pod): without the wait a pod could
+        pass only because the label was not seen yet."""
+        labels = {"pod-security.kubernetes.io/enforce": level, "pod-security.kubernetes.io/enforce-version": "latest"}
+        self.core.patch_namespace(self.namespace, {"metadata": {"labels": labels}})
+        privileged = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "privileged"},
+            "spec": {"containers": [{"name": "c", "image": "busybox", "securityContext": {"privileged": True}}]},
+        }
+
+        def enforced() -> bool:
+            try:
+                self.core.create_namespaced_pod(self.namespace, privileged, dry_run="All")
+            except self.client.ApiException as exc:
+                if exc.status == 403:
+                    return True
+                raise
+            return False
+
+        wait_for(enforced, 10, f"Pod Security admission enforcing {level}")
+
     def wait_pods(self, job: str, count: int, attempt: int | None = None, timeout: float = 30) -> list[Any]:
         def check() -> list[Any] | None:
             pods = self.live_pods(job, attempt)
