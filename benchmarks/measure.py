@@ -9,6 +9,8 @@ import json
 import os
 import platform
 import re
+import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -31,13 +33,21 @@ def control_plane(crd_dirs: list[Path]) -> Iterator[Any]:
     """A fresh control plane (the tests' binaries) with `crd_dirs` applied and Established."""
     workdir = Path(tempfile.mkdtemp(prefix="kubetrain-bench-"))
     cp = controlplane.start(workdir=workdir / "cp")
+    finished = False
     try:
         for crds in crd_dirs:
             cp.kubectl("apply", "--server-side", "-f", str(crds))
-            cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds))
+            # `kubectl wait` fails outright on a CRD whose status has no conditions yet.
+            wait = ("wait", "--for=condition=Established", "--timeout=30s", "-f", str(crds))
+            wait_for(lambda wait=wait: cp.kubectl(*wait, check=False).returncode == 0, 90, f"{crds} Established")
         yield cp
+        finished = True
     finally:
         cp.stop()
+        if finished:  # etcd's data and the logs are only worth keeping when something failed
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"control plane and operator logs kept in {workdir}", file=sys.stderr)
 
 
 def namespace(cp: Any, name: str) -> None:

@@ -186,7 +186,7 @@ class KubeflowPeer:
             ("create", "secret", "generic", KUBEFLOW_SECRET, "-n", KUBEFLOW_NAMESPACE),
         ):
             done = cp.kubectl(*args, check=False)
-            if done.returncode and "AlreadyExists" not in done.stderr:
+            if done.returncode and "already exists" not in done.stderr:
                 raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr}")
 
     def _write_serving_cert(self) -> None:

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -31,6 +32,7 @@ sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
 import measure  # noqa: E402
 from operator_latency import measure_one  # noqa: E402
 from peers import KubetrainPeer  # noqa: E402
+from support.waiting import wait_for  # noqa: E402
 
 
 class SampledPeer(KubetrainPeer):
@@ -53,7 +55,7 @@ class SampledPeer(KubetrainPeer):
 
 
 class TracedPeer(KubetrainPeer):
-    """kubetrain's operator under tracemalloc (sitecustomize), dumping at its exit."""
+    """kubetrain's operator under tracemalloc (sitecustomize), dumping on SIGUSR1 before it stops."""
 
     def __init__(self, out: Path) -> None:
         super().__init__()
@@ -68,6 +70,12 @@ class TracedPeer(KubetrainPeer):
         finally:
             os.environ.clear()
             os.environ.update(saved)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.proc is not None and self.proc.proc.poll() is None:
+            self.proc.proc.send_signal(signal.SIGUSR1)
+            wait_for(self.out.exists, 120, f"the tracemalloc snapshot {self.out}")
+        super().stop()
 
 
 def frame_name(frame: str) -> str:
@@ -108,6 +116,7 @@ def main() -> int:
     traced = args.output.with_suffix(".tracemalloc.json")
     with measure.control_plane([ROOT / "crds"]) as cp:
         cpu_pass = measure_one(cp, SampledPeer(args.py_spy, stacks), args.jobs, args.nodes)
+    traced.unlink(missing_ok=True)
     with measure.control_plane([ROOT / "crds"]) as cp:
         memory_pass = measure_one(cp, TracedPeer(traced), args.jobs, args.nodes)
     result = {

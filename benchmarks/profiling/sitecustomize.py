@@ -1,13 +1,14 @@
 """Loaded by every Python started with this directory on PYTHONPATH (benchmarks/profile_operator.py
 does so for the operator only). With KUBETRAIN_TRACEMALLOC_OUT set, traces allocations from
 start-up and, at exit (the operator exits cleanly on SIGTERM), writes where the memory still
-held was allocated: the top lines and the top packages, as JSON."""
+held was allocated: the top lines and the top packages, as JSON, on SIGUSR1 (the operator's
+graceful stop can outlast the grace its tests give it, so atexit would be too late)."""
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
+import signal
 import tracemalloc
 
 OUT = os.environ.get("KUBETRAIN_TRACEMALLOC_OUT")
@@ -21,7 +22,7 @@ def _package(filename: str) -> str:
     return filename
 
 
-def _dump() -> None:
+def _dump(*_: object) -> None:
     snapshot = tracemalloc.take_snapshot()
     total = sum(s.size for s in snapshot.statistics("filename"))
     lines = snapshot.statistics("lineno")[:40]
@@ -36,10 +37,11 @@ def _dump() -> None:
         ],
         "by_package_mib": {k: round(v / 2**20, 2) for k, v in sorted(packages.items(), key=lambda kv: -kv[1])[:25]},
     }
-    with open(str(OUT), "w") as out:
+    with open(f"{OUT}.part", "w") as out:
         json.dump(result, out, indent=2)
+    os.replace(f"{OUT}.part", str(OUT))  # the reader waits for the file: never a half-written one
 
 
 if OUT:
     tracemalloc.start(1)
-    atexit.register(_dump)
+    signal.signal(signal.SIGUSR1, _dump)
