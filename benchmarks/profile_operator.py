@@ -10,7 +10,8 @@ other:
 
     .venv/bin/python benchmarks/profile_operator.py [--jobs 200] [--nodes 4] [--py-spy py-spy]
 
-Writes benchmarks/results/operator_profile.json (and the raw collapsed stacks beside it).
+Writes benchmarks/results/operator_profile.json (the raw collapsed stacks go to a temporary directory,
+named in it).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -112,17 +114,17 @@ def main() -> int:
     parser.add_argument("--py-spy", default=shutil.which("py-spy") or "py-spy")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "operator_profile.json")
     args = parser.parse_args()
-    stacks = args.output.with_suffix(".stacks.txt")
-    traced = args.output.with_suffix(".tracemalloc.json")
+    # The raw stacks (~1 MB) stay out of the results; the summary holds what they say.
+    scratch = Path(tempfile.mkdtemp(prefix="kubetrain-profile-"))
+    stacks, traced = scratch / "operator.stacks.txt", scratch / "tracemalloc.json"
     with measure.control_plane([ROOT / "crds"]) as cp:
         cpu_pass = measure_one(cp, SampledPeer(args.py_spy, stacks), args.jobs, args.nodes)
-    traced.unlink(missing_ok=True)
     with measure.control_plane([ROOT / "crds"]) as cp:
         memory_pass = measure_one(cp, TracedPeer(traced), args.jobs, args.nodes)
     result = {
         "jobs": args.jobs,
         "nodes_per_job": args.nodes,
-        "cpu": {"run": cpu_pass, "profile": summarize_stacks(stacks)},
+        "cpu": {"run": cpu_pass, "profile": summarize_stacks(stacks), "raw_stacks": str(stacks)},
         "memory": {"run": memory_pass, "tracemalloc": json.loads(traced.read_text())},
     }
     args.output.write_text(json.dumps(result, indent=2) + "\n")
