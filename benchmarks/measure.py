@@ -123,28 +123,38 @@ class ChildWatch:
     """Watches pods and Services labelled with `peer.job_label` in `ns` and records, per job, when
     each child was first seen. The API server closes watches under load (and a watch ends at its
     timeout): each one resumes from the last resourceVersion it saw, or relists after 410 Gone,
-    so no ADDED event is lost."""
+    so no ADDED event is lost. Other errors (a 429 while its storage initializes, a dropped
+    connection) are retried with backoff; after MAX_FAILURES in a row `wait` fails naming the
+    error instead of timing out on a silently dead watch."""
+
+    MAX_FAILURES = 20
 
     def __init__(self, api: Any, ns: str, label: str) -> None:
         self.core, self.ns, self.label = client.CoreV1Api(api), ns, label
         self.seen: dict[str, dict[str, float]] = {}  # job -> "Kind/name/uid" -> first seen (perf_counter)
         self.resumes = 0
+        self.error: BaseException | None = None
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self.listed = {kind: threading.Event() for kind in ("Pod", "Service")}
         self.threads = [
             threading.Thread(target=self._watch, args=(fn, kind), daemon=True)
             for fn, kind in ((self.core.list_namespaced_pod, "Pod"), (self.core.list_namespaced_service, "Service"))
         ]
-        self.ready = threading.Barrier(len(self.threads) + 1)
 
     def __enter__(self) -> ChildWatch:
         for t in self.threads:
             t.start()
-        self.ready.wait(30)
+        wait_for(lambda: self._check() or all(e.is_set() for e in self.listed.values()), 60, "the child watches")
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stopping.set()
+
+    def _check(self) -> bool:
+        if self.error is not None:
+            raise RuntimeError(f"a child watch failed {self.MAX_FAILURES} times in a row") from self.error
+        return False
 
     def children(self, job: str) -> dict[str, float]:
         with self.lock:
@@ -153,7 +163,7 @@ class ChildWatch:
     def wait(self, jobs: list[str], count: Callable[[str], int], timeout: float) -> None:
         def complete() -> bool:
             with self.lock:
-                return all(len(self.seen.get(job, ())) >= count(job) for job in jobs)
+                return self._check() or all(len(self.seen.get(job, ())) >= count(job) for job in jobs)
 
         wait_for(complete, timeout, f"{count(jobs[0])} children of each of {len(jobs)} jobs", interval=0.05)
 
@@ -170,31 +180,54 @@ class ChildWatch:
         listed = json.loads(list_fn(self.ns, label_selector=self.label, _preload_content=False).data)
         for item in listed["items"]:
             self._record(kind, item)
+        self.listed[kind].set()
         return str(listed["metadata"]["resourceVersion"])
 
+    def _stream(self, list_fn: Any, kind: str, version: str) -> str | None:
+        """Events from `version` on until the watch ends; the version to resume from, None to relist."""
+        w = _RawWatch()
+        for event in w.stream(
+            list_fn, self.ns, label_selector=self.label, resource_version=version, timeout_seconds=30
+        ):
+            obj = event["raw_object"]
+            if event["type"] == "ERROR":  # a Status, not an object: 410 Gone means relist
+                if obj.get("code") == 410:
+                    return None
+                raise RuntimeError(f"watch error: {obj}")
+            version = obj["metadata"]["resourceVersion"]
+            if event["type"] == "ADDED":
+                self._record(kind, obj)
+            if self.stopping.is_set():
+                w.stop()
+        return version
+
     def _watch(self, list_fn: Any, kind: str) -> None:
-        version = self._list(list_fn, kind)
-        self.ready.wait(30)
+        version: str | None = None
+        failures = 0
         while not self.stopping.is_set():
-            w = _RawWatch()
             try:
-                for event in w.stream(
-                    list_fn, self.ns, label_selector=self.label, resource_version=version, timeout_seconds=30
-                ):
-                    obj = event["raw_object"]
-                    version = obj["metadata"]["resourceVersion"]
-                    if event["type"] == "ADDED":
-                        self._record(kind, obj)
-                    if self.stopping.is_set():
-                        w.stop()
+                if version is None:
+                    version = self._list(list_fn, kind)
+                else:
+                    version = self._stream(list_fn, kind, version)
+                    self.resumes += 1  # the watch ended: the next one resumes (or relists)
+                failures = 0
             except client.ApiException as exc:
-                if exc.status != 410:
-                    raise
-                version = self._list(list_fn, kind)
-            except Exception:
-                if self.stopping.is_set():  # the control plane stopping under an open watch
-                    return
-            self.resumes += 1
+                if exc.status == 410:
+                    version = None
+                    continue
+                failures = self._failed(exc, failures)
+            except Exception as exc:
+                failures = self._failed(exc, failures)
+
+    def _failed(self, exc: BaseException, failures: int) -> int:
+        if self.stopping.is_set():  # the control plane stopping under an open watch
+            return failures
+        if failures + 1 >= self.MAX_FAILURES:
+            self.error = exc
+            self.stopping.set()
+        self.stopping.wait(min(0.1 * 2**failures, 2.0))
+        return failures + 1
 
 
 def create_jobs(api: Any, peer: Peer, ns: str, names: list[str], nodes: int, threads: int = 8) -> dict[str, float]:
