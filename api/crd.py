@@ -14,8 +14,9 @@ from typing import Any
 
 import yaml
 
-from kubetrain.api import naming
+from kubetrain.api import k8s_schemas, naming
 from kubetrain.api.models import QUANTITY_MAX_LENGTH, TrainingJob
+from kubetrain.api.podtemplate import VENDORED_MARK
 
 INT_OR_STRING = "x-kubernetes-int-or-string"
 VALIDATIONS = "x-kubernetes-validations"
@@ -114,7 +115,25 @@ def _prepare_properties(schema: dict[str, Any], root: bool = False) -> None:
         _prepare_properties(schema["items"])
 
 
-def openapi_schema() -> dict[str, Any]:
+def _inline_vendored(node: Any) -> Any:
+    """Replace each `VENDORED_MARK` node by Kubernetes' schema of that field, keeping the
+    node's own description, bounds and CEL rules on top."""
+    if isinstance(node, list):
+        return [_inline_vendored(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if VENDORED_MARK in node:
+        own = dict(node)
+        group, field = own.pop(VENDORED_MARK).split(".")
+        vendored = k8s_schemas.schema(group, field)
+        rules = vendored.pop(VALIDATIONS, []) + own.pop(VALIDATIONS, [])
+        return {**vendored, **own, **({VALIDATIONS: rules} if rules else {})}
+    return {key: _inline_vendored(value) for key, value in node.items()}
+
+
+def openapi_schema(vendored: bool = True) -> dict[str, Any]:
+    """The CRD's schema; `vendored=False` leaves Kubernetes' own types as `VENDORED_MARK`
+    stubs (the field reference names them instead of listing their hundreds of fields)."""
     raw = TrainingJob.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
     schema: dict[str, Any] = _resolve(raw, defs)
@@ -126,7 +145,7 @@ def openapi_schema() -> dict[str, Any]:
     schema["required"] = ["spec"]
     schema["description"] = "A distributed PyTorch training job: a gang of pods running DDP under torchrun."
     _prepare_properties(schema, root=True)
-    return schema
+    return _inline_vendored(schema) if vendored else schema
 
 
 def crd() -> dict[str, Any]:
@@ -175,6 +194,10 @@ def crd_yaml() -> str:
 
 
 def _type_of(node: dict[str, Any]) -> str:
+    if VENDORED_MARK in node:
+        group, field = node[VENDORED_MARK].split(".")
+        owner = k8s_schemas.VENDORED[group][0].rsplit(".", 1)[-1]
+        return f"core/v1 {owner}.{field}"
     if node.get(INT_OR_STRING):
         return "quantity"
     kind = str(node.get("type", "object"))
@@ -215,6 +238,6 @@ def reference_rows(node: dict[str, Any], path: str) -> list[str]:
 
 def reference_markdown() -> str:
     """The spec field reference for the README (a test keeps the README in sync)."""
-    spec = openapi_schema()["properties"]["spec"]
+    spec = openapi_schema(vendored=False)["properties"]["spec"]
     header = ["| field | type | default | bounds | description |", "|---|---|---|---|---|"]
     return "\n".join(header + reference_rows(spec, "spec")) + "\n"

@@ -20,8 +20,8 @@ class InvalidTrainingJob(ValueError):
 # never wrote those, so they are dropped.
 _UNION_MEMBERS = frozenset({"int", "str", "constrained-str", "float", "bool"})
 # Cross-field validators start their message with the field they blame, relative to the
-# model they validate: "backend: nccl needs GPUs".
-_BLAMED_FIELD = re.compile(r"^([A-Za-z][A-Za-z0-9]*(?:\.[A-Za-z][A-Za-z0-9]*)*): (.*)$", re.DOTALL)
+# model (or field) they validate: "backend: nccl needs GPUs", "[0].name: ...".
+_BLAMED_FIELD = re.compile(r"^((?:[A-Za-z][A-Za-z0-9]*|\[\d+\])(?:\.[A-Za-z][A-Za-z0-9]*|\[\d+\])*): (.*)$", re.DOTALL)
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:
@@ -44,7 +44,8 @@ def describe_errors(error: ValidationError) -> str:
             message = "unknown field (not part of the TrainingJob API)"
         blamed = _BLAMED_FIELD.match(message)
         if item["type"] == "value_error" and blamed:
-            location = f"{location}.{blamed[1]}" if location else blamed[1]
+            separator = "" if blamed[1].startswith("[") or not location else "."
+            location = f"{location}{separator}{blamed[1]}"
             message = blamed[2]
         line = f"  {location or '(document)'}: {message}"
         if line not in lines:

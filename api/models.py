@@ -19,6 +19,9 @@ from pydantic.config import JsonDict
 
 from kubetrain.api import naming
 from kubetrain.api.contract import RESERVED_ENV, RESERVED_ENV_PREFIX, is_reserved
+from kubetrain.api.podtemplate import SPEC_RULES as TEMPLATE_RULES
+from kubetrain.api.podtemplate import PodTemplate
+from kubetrain.api.podtemplate import problems as template_problems
 from kubetrain.api.training import (
     Backend,
     CheckpointConfig,
@@ -52,7 +55,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # The fields that define the computation of a running job. Changing them would make the
 # next gang restart resume a checkpoint with another model, data or world size, so the API
 # server refuses the update (CEL transition rules below). runPolicy, nodeSelector,
-# tolerations, resources, env, shmSize, imagePullPolicy and serviceAccountName stay mutable
+# tolerations, resources, env, shmSize, imagePullPolicy, serviceAccountName and template stay mutable
 # (Kueue rewrites nodeSelector/tolerations of a suspended job); they apply from the next
 # attempt on.
 IMMUTABLE_FIELDS = (
@@ -379,6 +382,7 @@ class TrainingJobSpec(StrictModel):
                     "fieldPath": ".training.bf16",
                 },
                 *[_immutable_rule(field) for field in IMMUTABLE_FIELDS],
+                *TEMPLATE_RULES,
             ]
         }
     )
@@ -456,6 +460,14 @@ class TrainingJobSpec(StrictModel):
     run_policy: RunPolicy = Field(
         default_factory=RunPolicy, description="Restarts, deadlines and cleanup.", json_schema_extra={"default": {}}
     )
+    template: PodTemplate | None = Field(
+        None,
+        description=(
+            "A PodTemplateSpec fragment merged into every pod: labels, annotations, volumes, the trainer "
+            "container's mounts/workingDir/securityContext/envFrom, init and sidecar containers, scheduling "
+            "and security settings. See the README's merge rules."
+        ),
+    )
 
     @model_validator(mode="after")
     def _cross_field(self) -> TrainingJobSpec:
@@ -463,6 +475,10 @@ class TrainingJobSpec(StrictModel):
             raise ValueError("backend: nccl needs GPUs: set gpusPerNode >= 1 or backend gloo/auto")
         if self.training.bf16 and self.gpus_per_node == 0:
             raise ValueError("training.bf16: bf16 autocast needs GPUs: set gpusPerNode >= 1")
+        if self.template is not None:
+            found = template_problems(self.template, checkpoint_dir=self.checkpoint.dir, master_port=self.master_port)
+            if found:
+                raise ValueError(found[0])
         return self
 
     @property

@@ -29,7 +29,15 @@ LABEL_JOB_UID = f"{LABEL_PREFIX}/job-uid"
 ROLE_MASTER = "master"
 ROLE_WORKER = "worker"
 
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "kubetrain-operator"
+
 CONTAINER_NAME = "trainer"
+# The volumes kubetrain renders into every pod: their names and the paths they are mounted
+# at are kubetrain's, and spec.template may not reuse them.
+CHECKPOINT_VOLUME = "checkpoints"
+SHM_VOLUME = "dshm"
+SHM_PATH = "/dev/shm"
 MASTER_PORT_NAME = "rendezvous"
 
 

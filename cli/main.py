@@ -75,6 +75,16 @@ def run(
     netns: Annotated[
         bool, typer.Option("--netns", help="Root only: each node in its own network namespace and address.")
     ] = False,
+    volume: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=DIR: a spec.template volume as a local directory (PVCs, ConfigMaps, Secrets need it)."),
+    ] = None,
+    no_image: Annotated[
+        bool, typer.Option("--no-image", help="Run a job with imagePullSecrets in this environment anyway.")
+    ] = False,
+    no_init_containers: Annotated[
+        bool, typer.Option("--no-init-containers", help="Run a job with initContainers without them.")
+    ] = False,
 ) -> None:
     """Run a TrainingJob locally: the operator's pods as processes, same env, same gang restarts.
 
@@ -85,8 +95,12 @@ def run(
         typer.echo(f"on a cluster: kubectl apply -f {file}; on this machine: kubetrain run {file} --local", err=True)
         raise typer.Exit(2)
     from kubetrain.local.plan import run_local
+    from kubetrain.local.volumes import LocalChoices
 
-    raise typer.Exit(run_local(file, nodes=nodes, gpus_per_node=gpus_per_node, run_dir=run_dir, netns=netns))
+    choices = LocalChoices(tuple(volume or ()), no_image=no_image, no_init_containers=no_init_containers)
+    raise typer.Exit(
+        run_local(file, nodes=nodes, gpus_per_node=gpus_per_node, run_dir=run_dir, netns=netns, choices=choices)
+    )
 
 
 @app.command()

@@ -3,8 +3,9 @@
 The pods come from the operator's own renderer (`render.render_pods`); their container's
 command, args and env are used as they are, except for the handful of things one machine
 cannot share with a cluster. Those are rewritten in exactly one place, `localize_env`, and
-listed in `LOCAL_REWRITES` (printed at start and saved in the run directory). Everything
-else in the pod (image, resources, volumes, scheduling) has no local meaning and is ignored.
+listed in `LOCAL_REWRITES` (printed at start and saved in the run directory). spec.template's
+volumes, mounts and workingDir are mapped, or refused, by `local/volumes.py`. Everything else in
+the pod (image, resources, scheduling) has no local meaning and is ignored.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from kubetrain.api.contract import MASTER_ADDR, MASTER_PORT, PET_PREFIX, is_rese
 from kubetrain.api.manifest import InvalidTrainingJob, load, parse
 from kubetrain.api.models import TrainingJob
 from kubetrain.api.training import CONFIG_ENV, TrainConfig
+from kubetrain.local.volumes import NO_CHOICES, LocalChoices, LocalVolumes, UnmappableError, plan_volumes
 from kubetrain.operator.render import render_pods
 
 LOCAL_NAMESPACE = "default"
@@ -77,6 +79,7 @@ class NodeProcess:
     # What localize_env changed: name -> (rendered value, local value).
     rewritten: dict[str, tuple[str | None, str]] = field(default_factory=dict)
     netns: str | None = None
+    cwd: str | None = None  # spec.template's workingDir, mapped (local/volumes.py)
 
     def full_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         base = os.environ if base is None else base
@@ -206,6 +209,7 @@ class LocalPlan:
     node_addrs: list[str]
     netns: list[str] | None = None
     socket_ifname: str | None = None
+    volumes: LocalVolumes = field(default_factory=LocalVolumes)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -241,7 +245,7 @@ class LocalPlan:
                     netns=self.netns[rank] if self.netns else None,
                 )
             )
-        return out
+        return [self.volumes.localize(node, self.run_dir) for node in out]
 
 
 def default_run_dir(job: TrainingJob, now: str) -> Path:
@@ -272,6 +276,7 @@ def make_plan(
     gpus_per_node: int | None = None,
     run_dir: Path | None = None,
     now: str = "",
+    choices: LocalChoices = NO_CHOICES,
 ) -> LocalPlan:
     """Load, validate and render everything; raises InvalidTrainingJob or LocalRunError on bad input."""
     job = apply_overrides(load_job(path), nodes=nodes, gpus_per_node=gpus_per_node)
@@ -282,6 +287,7 @@ def make_plan(
         uid=str(uuid.uuid4()),
         devices=devices,
         node_addrs=["127.0.0.1"] * job.spec.nodes,
+        volumes=plan_volumes(job, choices),
     )
     plan.nodes(attempt=0, master_port=job.spec.master_port)  # refuses unresolvable env now
     return plan
@@ -317,13 +323,16 @@ def write_run_files(plan: LocalPlan, nodes: Sequence[NodeProcess]) -> None:
     (plan.run_dir / "job.yaml").write_text(yaml.safe_dump(plan.job.wire(), sort_keys=False))
     (plan.run_dir / "pods.yaml").write_text(yaml.safe_dump_all(plan.pods(attempt=0), sort_keys=False))
     (plan.run_dir / "local-rewrites.json").write_text(json.dumps(describe_rewrites(nodes), indent=2) + "\n")
+    plan.volumes.prepare(plan.run_dir)
 
 
 def check_command(node: NodeProcess) -> None:
     """Refuse a command that cannot start here before anything starts, naming the field."""
     program = node.argv[0]
     path = node.full_env().get("PATH")
-    found = Path(program).is_file() if os.sep in program else shutil.which(program, path=path) is not None
+    found = (
+        Path(node.cwd or ".", program).is_file() if os.sep in program else shutil.which(program, path=path) is not None
+    )
     if not found:
         raise LocalRunError(
             f"spec.command: {program!r} not found "
@@ -338,6 +347,7 @@ def run_local(
     gpus_per_node: int | None = None,
     run_dir: Path | None = None,
     netns: bool = False,
+    choices: LocalChoices = NO_CHOICES,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
@@ -356,10 +366,11 @@ def run_local(
             gpus_per_node=gpus_per_node,
             run_dir=run_dir,
             now=time.strftime("%Y%m%d-%H%M%S"),
+            choices=choices,
         )
         for node in plan.nodes(attempt=0, master_port=plan.job.spec.master_port):
             check_command(node)
-    except (InvalidTrainingJob, LocalRunError) as error:
+    except (InvalidTrainingJob, LocalRunError, UnmappableError) as error:
         print(f"error: {error}", file=err)
         return localrun.EXIT_BAD_INPUT
     with contextlib.ExitStack() as stack:
@@ -384,6 +395,8 @@ def run_local(
         view = make_view(out)
         try:
             view.begin(plan)
+            for line in plan.volumes.describe(plan.run_dir):
+                view.notice(line)
             try:
                 result = localrun.Supervisor(plan, view).run()
             except localrun.NodeStartError as error:

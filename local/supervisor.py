@@ -158,6 +158,7 @@ class Supervisor:
             proc = subprocess.Popen(
                 argv,
                 env=spec.full_env(),
+                cwd=spec.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -45,12 +45,14 @@ class Conflict(Exception):
     """The object changed since it was read (409 on a resourceVersion precondition)."""
 
 
-class Invalid(Exception):
-    """The API server refused an object for good: invalid (422) or denied by admission (403)."""
-
-
 class Refused(Exception):
-    """A 403 that passes later (see `_transient_refusal`): retried, and logged without a traceback."""
+    """A create the API server refused (403 forbidden, 422 invalid); `refusal.classify` says
+    whether it can pass later."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
 def load_configuration() -> Any:
@@ -61,13 +63,6 @@ def load_configuration() -> Any:
     else:
         config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     return configuration
-
-
-def _transient_refusal(message: str) -> bool:
-    """A 403 that says nothing about the pod: a quota that may free up, a namespace going
-    away, or the operator's own RBAC ('User "..." cannot create resource "pods"'), which its
-    admin fixes; failing users' jobs for that would outlive the fix."""
-    return any(cause in message for cause in ("exceeded quota", "being terminated", "cannot create resource"))
 
 
 def _core(namespace: str, plural: str, name: str = "") -> str:
@@ -150,7 +145,7 @@ class Kube:
 
     # --- children -----------------------------------------------------------------------
     async def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
-        """Create a Pod or Service; None if one of that name exists already."""
+        """Create a Pod or Service; None if one of that name exists already. Raises `Refused` on 403/422."""
         plural = obj["kind"].lower() + "s"
         API_WRITES.labels("create", plural).inc()
         try:
@@ -159,13 +154,8 @@ class Kube:
         except ApiError as exc:
             if exc.status == 409:
                 return None
-            # 422: invalid; 403: refused by admission (Pod Security, a policy webhook). Both
-            # refuse the same pod again. The transient 403s are retried with backoff like any
-            # other error.
-            if exc.status == 422 or (exc.status == 403 and not _transient_refusal(exc.message)):
-                raise Invalid(exc.message) from exc
-            if exc.status == 403:
-                raise Refused(exc.message) from exc
+            if exc.status in (403, 422):
+                raise Refused(exc.status, exc.message) from exc
             raise
         return created
 

@@ -94,6 +94,12 @@ class PodView:
                 finished = parse_time(terminated.get("finishedAt"))
             elif "waiting" in state:
                 waiting = (state["waiting"] or {}).get("reason")
+        # The trainer waits in PodInitializing while an init container or native sidecar
+        # (spec.template) cannot start: that container's reason is the pod's.
+        for cs in status.get("initContainerStatuses") or []:
+            init_reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
+            if init_reason in STUCK_REASONS and waiting not in STUCK_REASONS:
+                waiting = init_reason
         if status.get("reason"):  # pod-level: Evicted, DeadlineExceeded, NodeLost, ...
             reason = status["reason"]
             message = status.get("message") or message

@@ -8,21 +8,39 @@ their containers as local processes, so the env contract has exactly one impleme
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
 from kubetrain.api import naming
 from kubetrain.api.contract import DEFAULT_COMMAND, is_reserved, rendezvous_env
 from kubetrain.api.models import GPU_RESOURCE, TrainingJob
+from kubetrain.api.podtemplate import PodTemplate
 from kubetrain.api.training import CONFIG_ENV
 
-CHECKPOINT_VOLUME = "checkpoints"
-SHM_VOLUME = "dshm"
-SHM_PATH = "/dev/shm"
-MANAGED_BY = "kubetrain-operator"
+CHECKPOINT_VOLUME = naming.CHECKPOINT_VOLUME
+SHM_VOLUME = naming.SHM_VOLUME
+SHM_PATH = naming.SHM_PATH
+MANAGED_BY = naming.MANAGED_BY
 # Pod Security "restricted" wants a non-root user; the images (Dockerfile) run as this uid, and
 # fsGroup makes a fresh checkpoint volume writable by it.
 RUN_AS_USER = 10001
+SECCOMP = {"type": "RuntimeDefault"}
+POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS_USER,
+    "runAsGroup": RUN_AS_USER,
+    "fsGroup": RUN_AS_USER,
+    "seccompProfile": SECCOMP,
+}
+CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": SECCOMP,
+}
+# Who the processes run as. Setting any of these in spec.template hands the choice to the user.
+IDENTITY = ("runAsUser", "runAsGroup", "fsGroup", "runAsNonRoot")
 
 
 @dataclass(frozen=True)
@@ -54,7 +72,7 @@ def pod_labels(job: TrainingJob, uid: str, node_rank: int, attempt: int) -> dict
         naming.LABEL_NODE_RANK: str(node_rank),
         naming.LABEL_ATTEMPT: str(attempt),
         naming.LABEL_ROLE: naming.role(node_rank),
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        naming.LABEL_MANAGED_BY: MANAGED_BY,
     }
 
 
@@ -71,7 +89,7 @@ def render_service(job: TrainingJob, namespace: str, uid: str) -> dict[str, Any]
             "labels": {
                 **selector_labels(job.name),
                 naming.LABEL_JOB_UID: uid,
-                "app.kubernetes.io/managed-by": MANAGED_BY,
+                naming.LABEL_MANAGED_BY: MANAGED_BY,
             },
             "ownerReferences": [owner_reference(job, uid)],
         },
@@ -166,12 +184,6 @@ def render_pod(
         # A crash's traceback survives in the pod status (and so in status.failures) even
         # when the trainer wrote no termination message.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "runAsNonRoot": True,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
     }
     if spec.args:
         container["args"] = list(spec.args)
@@ -186,13 +198,6 @@ def render_pod(
         # Service links would add dozens of *_PORT variables next to the contract.
         "enableServiceLinks": False,
         "automountServiceAccountToken": spec.service_account_name is not None,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS_USER,
-            "runAsGroup": RUN_AS_USER,
-            "fsGroup": RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
         "containers": [container],
         "volumes": [
             _checkpoint_volume(job),
@@ -209,7 +214,7 @@ def render_pod(
         pod_spec["schedulerName"] = spec.scheduler_name
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -220,6 +225,86 @@ def render_pod(
         },
         "spec": pod_spec,
     }
+    return merge_template(pod, spec.template or PodTemplate())
+
+
+# --- spec.template: the merge rules (api/podtemplate.py documents them) -----------------------
+
+
+def security_contexts(template: PodTemplate) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pod's and the containers' securityContext: kubetrain's restricted defaults with the
+    template's keys on top. A template that says who runs (any of IDENTITY) drops kubetrain's
+    uid/gid/fsGroup, and one that allows root (runAsUser 0, runAsNonRoot false) drops
+    runAsNonRoot too: the namespace's Pod Security level then decides whether the pod runs."""
+    spec = template.spec
+    trainer = spec.trainer() if spec else None
+    pod_own = (spec.security_context if spec else None) or {}
+    container_own = (trainer.security_context if trainer else None) or {}
+    # Deep copies: no rendered pod shares a dict with these constants or with the job.
+    pod, container = copy.deepcopy(POD_SECURITY), copy.deepcopy(CONTAINER_SECURITY)
+    chosen = [context for context in (pod_own, container_own) if any(key in context for key in IDENTITY)]
+    for key in IDENTITY[:3] if chosen else ():
+        pod.pop(key)
+    if any(context.get("runAsUser") == 0 or context.get("runAsNonRoot") is False for context in chosen):
+        pod.pop("runAsNonRoot")
+        container.pop("runAsNonRoot")
+    return {**pod, **copy.deepcopy(pod_own)}, {**container, **copy.deepcopy(container_own)}
+
+
+def _merge_trainer(container: dict[str, Any], given: dict[str, Any]) -> None:
+    """`given`: the template's trainer container (wire form, its securityContext already merged)."""
+    container["volumeMounts"] += given.get("volumeMounts", [])
+    if "workingDir" in given:
+        container["workingDir"] = given["workingDir"]
+    if "envFrom" in given:
+        # Kubernetes gives env precedence over envFrom: the contract cannot be overridden here.
+        container["envFrom"] = given["envFrom"]
+
+
+# Template pod-spec fields set as given: kubetrain renders none of them.
+PASSED_THROUGH = (
+    "imagePullSecrets",
+    "affinity",
+    "topologySpreadConstraints",
+    "runtimeClassName",
+    "dnsConfig",
+    "schedulingGates",
+    "terminationGracePeriodSeconds",
+)
+
+
+def merge_template(pod: dict[str, Any], template: PodTemplate) -> dict[str, Any]:
+    """`pod` with the template merged in (the README's merge rules)."""
+    meta, pod_spec = pod["metadata"], pod["spec"]
+    if template.metadata and template.metadata.labels:
+        meta["labels"] = {**template.metadata.labels, **meta["labels"]}
+    if template.metadata and template.metadata.annotations:
+        meta["annotations"] = dict(template.metadata.annotations)
+    pod_security, container_security = security_contexts(template)
+    pod_spec["securityContext"] = pod_security
+    container = pod_spec["containers"][0]
+    container["securityContext"] = container_security
+    # The wire form is a fresh copy: the pod never shares a dict with the job.
+    given = template.spec.wire() if template.spec else {}
+    for trainer in given.get("containers", []):
+        _merge_trainer(container, trainer)
+    pod_spec.update({field: given[field] for field in PASSED_THROUGH if field in given})
+    pod_spec["volumes"] += given.get("volumes", [])
+    if "initContainers" in given:
+        # The same restricted hardening as the trainer's, under each container's own settings.
+        pod_spec["initContainers"] = [
+            {**c, "securityContext": {**copy.deepcopy(container_security), **c.get("securityContext", {})}}
+            for c in given["initContainers"]
+        ]
+    if given.get("hostNetwork"):
+        pod_spec["hostNetwork"] = True
+        # Without it a host-network pod resolves names with the node's resolver, and node 0's
+        # name (MASTER_ADDR) only exists in the cluster DNS.
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+        # masterPort becomes a port of the node: declaring it lets the scheduler keep two
+        # such pods (of any job) off one node instead of letting the second fail to bind.
+        container["ports"][0]["hostPort"] = container["ports"][0]["containerPort"]
+    return pod
 
 
 def render_pods(

@@ -12,7 +12,8 @@ def run_operator(settings: OperatorSettings, log_level: str = "info") -> int:
     import kopf
     from prometheus_client import start_http_server
 
-    from kubetrain.operator import handlers
+    from kubetrain.operator import handlers  # noqa: F401  (registers the kopf handlers)
+    from kubetrain.operator.controller import Controller
     from kubetrain.operator.kube import Kube, load_configuration
 
     level = getattr(logging, log_level.upper(), logging.INFO)
@@ -28,7 +29,7 @@ def run_operator(settings: OperatorSettings, log_level: str = "info") -> int:
     logging.getLogger("kopf.objects").setLevel(max(level, logging.WARNING) if level > logging.DEBUG else level)
     # The kubernetes client logs every request at DEBUG; kopf's own debug output is enough.
     logging.getLogger("urllib3").setLevel(max(level, logging.INFO))
-    handlers.setup(settings, Kube(load_configuration(), settings.api_connections))
+    controller = Controller(settings, Kube(load_configuration(), settings.api_connections))
     if settings.metrics_port:
         start_http_server(settings.metrics_port)
     asyncio.run(
@@ -38,6 +39,8 @@ def run_operator(settings: OperatorSettings, log_level: str = "info") -> int:
             clusterwide=not settings.namespaces,
             namespaces=list(settings.namespaces),
             liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None,
+            # Every handler gets a shallow copy of this memo: the one controller (handlers.py).
+            memo=kopf.Memo(controller=controller),
         )
     )
     return 0

@@ -112,3 +112,150 @@ INVALID_JOBS: list[tuple[str, dict[str, Any], str]] = [
     ("name-too-long", _with("metadata.name", "j" * 54), "metadata.name"),
     ("name-starts-with-digit", _with("metadata.name", "1-job"), "metadata.name"),
 ]
+
+
+# --- spec.template (issue 12): Kubernetes' own schemas and kubetrain's rules -----------------
+
+
+def _template(spec: dict[str, Any] | None = None, **metadata: Any) -> dict[str, Any]:
+    template: dict[str, Any] = {"spec": spec or {}}
+    if metadata:
+        template["metadata"] = metadata
+    return _with("spec.template", template)
+
+
+def _trainer(volumes: list[dict[str, Any]] | None = None, **container: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "trainer", **container}]}
+    if volumes is not None:
+        spec["volumes"] = volumes
+    return _template(spec)
+
+
+DATA_VOLUME = {"name": "data", "emptyDir": {}}
+NODE_AFFINITY = "spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+_TERM = {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "Maybe", "values": ["amd64"]}]}
+
+# Case ids containing "rule" are kubetrain's own rules: CEL in the CRD, invisible to a plain
+# JSON Schema validator (tests/test_crd.py).
+INVALID_JOBS += [
+    ("template-unknown-pod-field", _template({"nodeName": "n1"}), "spec.template.spec.nodeName"),
+    (
+        "template-volume-unknown-field",
+        _template({"volumes": [{"name": "data", "configMap": {"nam": "c"}}]}),
+        "spec.template.spec.volumes[0].configMap.nam",
+    ),
+    (
+        "template-rule-volume-named-checkpoints",
+        _template({"volumes": [{"name": "checkpoints", "emptyDir": {}}]}),
+        "spec.template.spec.volumes",
+    ),
+    (
+        "template-rule-volume-named-dshm",
+        _template({"volumes": [{"name": "dshm", "emptyDir": {}}]}),
+        "spec.template.spec.volumes",
+    ),
+    (
+        "template-rule-mount-at-checkpoint-dir",
+        _trainer([DATA_VOLUME], volumeMounts=[{"name": "data", "mountPath": "/checkpoints"}]),
+        "spec.template.spec.containers",
+    ),
+    (
+        "template-rule-mount-below-dev-shm",
+        _trainer([DATA_VOLUME], volumeMounts=[{"name": "data", "mountPath": "/dev/shm/data"}]),
+        "spec.template.spec.containers",
+    ),
+    (
+        "template-rule-mount-of-missing-volume",
+        _trainer([DATA_VOLUME], volumeMounts=[{"name": "dataset", "mountPath": "/data"}]),
+        "spec.template.spec.containers",
+    ),
+    (
+        "template-mount-without-path",
+        _trainer([DATA_VOLUME], volumeMounts=[{"name": "data"}]),
+        "spec.template.spec.containers[0].volumeMounts[0].mountPath",
+    ),
+    (
+        "template-second-container",
+        _template({"containers": [{"name": "sidecar"}]}),
+        "spec.template.spec.containers[0].name",
+    ),
+    (
+        "template-rule-envfrom-kubetrain-prefix",
+        _trainer(envFrom=[{"prefix": "KUBETRAIN_", "configMapRef": {"name": "settings"}}]),
+        "spec.template.spec.containers[0].envFrom",
+    ),
+    (
+        "template-affinity-operator-unknown",
+        _template(
+            {
+                "affinity": {
+                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [_TERM]}}
+                }
+            }
+        ),
+        f"{NODE_AFFINITY}.nodeSelectorTerms[0].matchExpressions[0].operator",
+    ),
+    (
+        "template-affinity-without-terms",
+        _template({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}}),
+        f"{NODE_AFFINITY}.nodeSelectorTerms",
+    ),
+    (
+        "template-topology-spread-when-unknown",
+        _template({"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "Maybe"}]}),
+        "spec.template.spec.topologySpreadConstraints[0].whenUnsatisfiable",
+    ),
+    (
+        "template-rule-init-container-named-trainer",
+        _template({"initContainers": [{"name": "trainer", "image": "busybox"}]}),
+        "spec.template.spec.initContainers",
+    ),
+    (
+        "template-rule-sidecar-on-master-port",
+        _template(
+            {
+                "initContainers": [
+                    {"name": "proxy", "image": "envoy", "restartPolicy": "Always", "ports": [{"containerPort": 29500}]}
+                ]
+            }
+        ),
+        "spec.template.spec.initContainers",
+    ),
+    (
+        "template-rule-init-container-restart-never",
+        _template({"initContainers": [{"name": "fetch", "image": "busybox", "restartPolicy": "Never"}]}),
+        "spec.template.spec.initContainers",
+    ),
+    (
+        "template-empty-dir-size-not-a-quantity",
+        _template({"volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "lots"}}]}),
+        "spec.template.spec.volumes[0].emptyDir.sizeLimit",
+    ),
+    (
+        "template-pull-secret-not-an-object",
+        _template({"imagePullSecrets": ["regcred"]}),
+        "spec.template.spec.imagePullSecrets[0]",
+    ),
+    (
+        "template-grace-period-negative",
+        _template({"terminationGracePeriodSeconds": -1}),
+        "spec.template.spec.terminationGracePeriodSeconds",
+    ),
+    (
+        "template-run-as-user-not-a-number",
+        _template({"securityContext": {"runAsUser": "root"}}),
+        "spec.template.spec.securityContext.runAsUser",
+    ),
+    (
+        "template-scheduling-gate-without-name",
+        _template({"schedulingGates": [{}]}),
+        "spec.template.spec.schedulingGates[0].name",
+    ),
+    ("template-label-value-invalid", _template(labels={"team": "ml platform"}), "spec.template.metadata.labels.team"),
+    (
+        "template-rule-annotation-key-invalid",
+        _template(annotations={"not a key": "x"}),
+        "spec.template.metadata.annotations",
+    ),
+    ("template-host-network-not-a-bool", _template({"hostNetwork": "yes"}), "spec.template.spec.hostNetwork"),
+]

@@ -147,6 +147,9 @@ def test_one_failed_pod_restarts_the_gang_until_the_backoff_limit(
 def test_success_when_every_node_exits_zero(cluster: Cluster, operator: OperatorProcess, kubelet: FakeKubelet) -> None:
     cluster.create_job("ok", nodes=2)
     run_all(kubelet, cluster, "ok", 0, 2)
+    # Both Running first: otherwise the operator may see node 0 finished beside a node 1 it has
+    # not yet seen running (the job never was Running), which is not what this test is about.
+    cluster.wait_job("ok", has_condition("Running"), "Running")
     kubelet.succeed(cluster.namespace, "ok-node-0")
     cluster.wait_job("ok", lambda j: j["status"]["replicas"]["succeeded"] == 1, "one node done")
     assert cluster.job("ok")["status"]["phase"] == "Running"  # type: ignore[index]
@@ -268,4 +271,5 @@ def test_a_pod_the_server_refuses_fails_the_job_with_its_message(cluster: Cluste
     job = cluster.wait_job("refused", has_condition("Failed", reason="PodCreationFailed"), "PodCreationFailed")
     assert "nodeSelector" in condition(job, "Failed")["message"]  # type: ignore[index]
     assert job["status"]["phase"] == "Failed" and not condition(job, "Created")
-    assert "PodCreationFailed" in [e.reason for e in cluster.events("refused")]
+    # The Event is posted after the status write this test saw.
+    wait_for(lambda: "PodCreationFailed" in [e.reason for e in cluster.events("refused")], 10, "the Event")

@@ -1,4 +1,5 @@
-"""The progress step of a reconcile with an injected log source (no kubelet serves logs here)."""
+"""Progress: when rank 0's log is due (progress.due, pure), the fold into the status, and the
+controller's read with an injected log source (no kubelet serves logs here)."""
 
 from __future__ import annotations
 
@@ -9,42 +10,103 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from support.jobs import job_model
+from support.pods import pod_view
 
-from kubetrain.api.models import TrainingJob, TrainingJobStatus
-from kubetrain.operator.handlers import Operator
+from kubetrain.api.models import TrainingJobStatus
+from kubetrain.operator import progress
+from kubetrain.operator.controller import Controller, JobState
 from kubetrain.operator.settings import OperatorSettings
 from kubetrain.operator.status import Decision, PodView
 
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 LOG = "\n".join(
     json.dumps({"event": "step", "time": 1.7e9, "step": s, "epoch": 0, "total_steps": 100, "loss": 1.0 / s})
     for s in (10, 20)
 )
 
 
-def job() -> TrainingJob:
-    return TrainingJob.model_validate(
-        {"apiVersion": "kubetrain.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "j"}, "spec": {"nodes": 2}}
-    )
+JOB = job_model("j")
 
 
-def view(rank: int, phase: str) -> PodView:
-    return PodView(f"j-node-{rank}", f"u{rank}", "uid", rank, 0, phase, False, datetime.now(UTC))
+def view(rank: int, phase: str, terminating: bool = False) -> PodView:
+    return pod_view(JOB, rank, phase=phase, terminating=terminating)
 
 
-def run(source: Any, phase: str = "Running", pods: list[PodView] | None = None) -> tuple[Decision, list[str]]:
+RUNNING = [view(0, "Running"), view(1, "Running")]
+NOW_DONE = TrainingJobStatus(phase="Succeeded", completion_time=T0)
+
+
+@pytest.mark.parametrize(
+    ("previous", "status", "pods", "since", "expected"),
+    [
+        (None, TrainingJobStatus(phase="Running"), RUNNING, None, ("j-node-0", 15)),  # never read
+        (None, TrainingJobStatus(phase="Running"), RUNNING, 16.0, ("j-node-0", 15)),
+        (None, TrainingJobStatus(phase="Running"), RUNNING, 5.0, (None, 10)),  # due in 10 s
+        (None, TrainingJobStatus(phase="Restarting"), RUNNING, None, ("j-node-0", 15)),
+        (None, TrainingJobStatus(phase="Pending"), RUNNING, None, (None, None)),
+        (None, TrainingJobStatus(phase="Running"), [view(0, "Pending"), view(1, "Running")], None, (None, 15)),
+        (None, TrainingJobStatus(phase="Running"), [view(0, "Running", terminating=True)], None, (None, 15)),
+        # The pass that finishes the job reads once more, interval or not: the final step.
+        (TrainingJobStatus(phase="Running"), NOW_DONE, [view(0, "Succeeded")], 1.0, ("j-node-0", 15)),
+        (NOW_DONE, NOW_DONE, [view(0, "Succeeded")], 100.0, (None, None)),  # finished before
+    ],
+)
+def test_due(
+    previous: TrainingJobStatus | None,
+    status: TrainingJobStatus,
+    pods: list[PodView],
+    since: float | None,
+    expected: tuple[str | None, float | None],
+) -> None:
+    assert progress.due(previous, status, pods, since, 15.0) == expected
+
+
+FAILURE = {"attempt": 0, "rank": 1, "pod": "j-node-1", "reason": "Error", "time": T0}
+DONE = {"step": 100, "doneAt": T0}
+SAVED = {"path": "/ckpt/step-100", "step": 100}
+
+
+@pytest.mark.parametrize(
+    ("stored", "decided", "expected"),
+    [
+        ({}, {"failures": [FAILURE]}, True),  # a new failure: read before restarting
+        ({"failures": [FAILURE]}, {"failures": [FAILURE]}, False),  # recorded before: nothing new
+        ({"failures": [FAILURE]}, {"failures": [FAILURE, {**FAILURE, "attempt": 1}]}, True),
+        ({}, {}, False),
+        # The stored status shows the work complete already: decide applied the late-crash rule.
+        ({"progress": DONE, "lastCheckpoint": SAVED}, {"failures": [FAILURE]}, False),
+        ({"progress": DONE, "lastCheckpoint": {**SAVED, "step": 90}}, {"failures": [FAILURE]}, True),
+    ],
+)
+def test_recheck(stored: dict[str, Any], decided: dict[str, Any], expected: bool) -> None:
+    previous = TrainingJobStatus.model_validate(stored)
+    assert progress.recheck(previous, TrainingJobStatus.model_validate(decided)) is expected
+
+
+def test_fold_keeps_what_a_record_does_not_carry() -> None:
+    status = TrainingJobStatus(phase="Running")
+    folded = progress.fold(status, "a log line\n" + LOG)
+    assert folded is not status and status.progress is None  # a new status; the input is unchanged
+    assert folded.progress is not None and (folded.progress.step, folded.progress.loss) == (20, 0.05)
+    again = progress.fold(folded, json.dumps({"event": "eval", "time": 1.7e9, "accuracy": 0.5}))
+    assert again.progress is not None and (again.progress.loss, again.progress.accuracy) == (0.05, 0.5)
+
+
+def read_twice(source: Any) -> tuple[Decision, list[str]]:
     calls: list[str] = []
 
     async def logs(namespace: str, pod: str) -> str:
         calls.append(pod)
         return await source(namespace, pod)
 
-    operator = Operator(settings=OperatorSettings(progress_interval_seconds=5), kube=None, log_source=logs)  # type: ignore[arg-type]
-    decision = Decision(status=TrainingJobStatus(phase=phase))  # type: ignore[arg-type]
-    pods = pods if pods is not None else [view(0, "Running"), view(1, "Running")]
+    controller = Controller(OperatorSettings(progress_interval_seconds=5), kube=None, log_source=logs)  # type: ignore[arg-type]
+    state = JobState({"metadata": {"name": "j", "namespace": "ns"}})
+    decision = Decision(status=TrainingJobStatus(phase="Running"))
 
     async def twice() -> None:
-        await operator._progress(("ns", "j"), job(), decision, pods)
-        await operator._progress(("ns", "j"), job(), decision, pods)  # within the interval: no second read
+        await controller._read_progress(("ns", "j"), state, JOB, decision, RUNNING)
+        await controller._read_progress(("ns", "j"), state, JOB, decision, RUNNING)  # within the interval
 
     asyncio.run(twice())
     return decision, calls
@@ -54,11 +116,11 @@ def test_rank_zero_log_fills_progress_once_per_interval() -> None:
     async def source(namespace: str, pod: str) -> str:
         return LOG
 
-    decision, calls = run(source)
+    decision, calls = read_twice(source)
     assert calls == ["j-node-0"]
-    progress = decision.status.progress
-    assert progress is not None and progress.step == 20 and progress.percent == 20 and progress.loss == 0.05
-    assert decision.requeue_after == 5
+    status = decision.status.progress
+    assert status is not None and status.step == 20 and status.percent == 20 and status.loss == 0.05
+    assert decision.requeue_after is not None and 0 < decision.requeue_after <= 5
 
 
 def test_log_read_failure_is_quiet(caplog: pytest.LogCaptureFixture) -> None:
@@ -66,15 +128,7 @@ def test_log_read_failure_is_quiet(caplog: pytest.LogCaptureFixture) -> None:
         raise ConnectionError("no kubelet")
 
     with caplog.at_level(logging.DEBUG, logger="kubetrain.operator"):
-        decision, calls = run(source)
+        decision, calls = read_twice(source)
     assert calls == ["j-node-0"] and decision.status.progress is None
     # Only at debug: a pod without a kubelet yet, or a rotated log, is routine.
     assert [r.levelno for r in caplog.records] == [logging.DEBUG]
-
-
-def test_not_read_while_pending_or_before_rank_zero_starts() -> None:
-    async def source(namespace: str, pod: str) -> str:
-        return LOG
-
-    assert run(source, phase="Pending")[1] == []
-    assert run(source, pods=[view(0, "Pending"), view(1, "Running")])[1] == []

@@ -218,3 +218,170 @@ def test_render_pods_ranks_and_roles_and_determinism() -> None:
     assert json.dumps(pods, sort_keys=True) == json.dumps(render_pods(j, "ns", UID, attempt=1), sort_keys=True)
     with pytest.raises(ValueError):
         render_pod(j, "ns", UID, 3, 0)
+
+
+# --- spec.template -------------------------------------------------------------------------
+
+SIDECAR = {"name": "log-shipper", "image": "fluent-bit:3", "restartPolicy": "Always"}
+BYO_DATA_TEMPLATE: dict[str, Any] = {
+    "metadata": {
+        "labels": {"team": "vision", naming.LABEL_ROLE: "mine"},
+        "annotations": {"sidecar.istio.io/inject": "false"},
+    },
+    "spec": {
+        "containers": [
+            {
+                "name": "trainer",
+                "workingDir": "/data",
+                "volumeMounts": [
+                    {"name": "data", "mountPath": "/data", "readOnly": True},
+                    {"name": "labels", "mountPath": "/etc/labels"},
+                ],
+                "envFrom": [{"configMapRef": {"name": "hyperparameters"}}],
+            }
+        ],
+        "volumes": [
+            {"name": "data", "persistentVolumeClaim": {"claimName": "imagenet"}},
+            {"name": "labels", "configMap": {"name": "labels"}},
+        ],
+        "initContainers": [SIDECAR],
+        "imagePullSecrets": [{"name": "regcred"}],
+        "terminationGracePeriodSeconds": 60,
+        "schedulingGates": [{"name": "example.com/quota"}],
+    },
+}
+
+
+def test_template_merged_into_the_pod() -> None:
+    """Each merge rule of api/podtemplate.py, on the fields it touches."""
+    pod = render_pod(job(template=BYO_DATA_TEMPLATE), "ns", UID, 0, 0)
+    meta, spec = pod["metadata"], pod["spec"]
+    container = spec["containers"][0]
+    # Labels added; on a key kubetrain owns, kubetrain's value wins.
+    assert meta["labels"]["team"] == "vision" and meta["labels"][naming.LABEL_ROLE] == "master"
+    assert meta["annotations"] == {"sidecar.istio.io/inject": "false"}
+    # Volumes and mounts after kubetrain's.
+    assert [v["name"] for v in spec["volumes"]] == ["checkpoints", "dshm", "data", "labels"]
+    assert container["volumeMounts"] == [
+        {"name": "checkpoints", "mountPath": "/checkpoints"},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "data", "mountPath": "/data", "readOnly": True},
+        {"name": "labels", "mountPath": "/etc/labels"},
+    ]
+    assert container["workingDir"] == "/data"
+    assert container["envFrom"] == [{"configMapRef": {"name": "hyperparameters"}}]
+    # The native sidecar gets the trainer's restricted container hardening.
+    assert spec["initContainers"] == [
+        {
+            **SIDECAR,
+            "securityContext": {
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+                "runAsNonRoot": True,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+        }
+    ]
+    # Set as given.
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["terminationGracePeriodSeconds"] == 60
+    assert spec["schedulingGates"] == [{"name": "example.com/quota"}]
+    assert "hostNetwork" not in spec and "dnsPolicy" not in spec
+
+
+def test_template_without_the_trainer_container_keeps_the_rendered_one() -> None:
+    plain = render_pod(job(), "ns", UID, 0, 0)
+    templated = render_pod(job(template={"spec": {"runtimeClassName": "nvidia"}}), "ns", UID, 0, 0)
+    assert templated["spec"].pop("runtimeClassName") == "nvidia"
+    assert templated == plain
+
+
+def test_rendered_pods_share_no_dict_with_the_job() -> None:
+    j = job(template=BYO_DATA_TEMPLATE)
+    pod = render_pod(j, "ns", UID, 0, 0)
+    pod["spec"]["volumes"][-1]["configMap"]["name"] = "changed"
+    pod["spec"]["initContainers"][0]["image"] = "changed"
+    pod["spec"]["initContainers"][0]["securityContext"]["capabilities"]["drop"].append("changed")
+    pod["spec"]["securityContext"]["seccompProfile"]["type"] = "changed"
+    again = render_pod(j, "ns", UID, 0, 0)
+    assert again["spec"]["volumes"][-1]["configMap"]["name"] == "labels"
+    assert again["spec"]["initContainers"][0]["image"] == SIDECAR["image"]
+    assert again["spec"]["initContainers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert again["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert again["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+RESTRICTED_POD = {
+    "runAsNonRoot": True,
+    "runAsUser": 10001,
+    "runAsGroup": 10001,
+    "fsGroup": 10001,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+HARDENED = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+@pytest.mark.parametrize(
+    ("pod_sc", "container_sc", "want_pod", "want_container"),
+    [
+        # Nothing said: restricted, uid 10001 (what our images run as).
+        (None, None, RESTRICTED_POD, {**HARDENED, "runAsNonRoot": True}),
+        # Extra keys only: merged over the defaults.
+        (
+            {"supplementalGroups": [5]},
+            None,
+            {**RESTRICTED_POD, "supplementalGroups": [5]},
+            {**HARDENED, "runAsNonRoot": True},
+        ),
+        # A root image: kubetrain's identity and non-root enforcement step aside.
+        ({"runAsUser": 0}, None, {"runAsUser": 0, "seccompProfile": {"type": "RuntimeDefault"}}, HARDENED),
+        # The image's own user, whoever it is.
+        (
+            {"runAsNonRoot": False},
+            None,
+            {"runAsNonRoot": False, "seccompProfile": {"type": "RuntimeDefault"}},
+            HARDENED,
+        ),
+        # Another non-root uid: still runAsNonRoot, so still restricted.
+        (
+            {"runAsUser": 2000},
+            None,
+            {"runAsUser": 2000, "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            {**HARDENED, "runAsNonRoot": True},
+        ),
+        # Said on the container: the same choice; the container's keys win there.
+        (
+            None,
+            {"runAsUser": 0, "capabilities": {"add": ["CHOWN"]}},
+            {"seccompProfile": {"type": "RuntimeDefault"}},
+            {**HARDENED, "runAsUser": 0, "capabilities": {"add": ["CHOWN"]}},
+        ),
+    ],
+)
+def test_security_context_merge(
+    pod_sc: dict[str, Any] | None,
+    container_sc: dict[str, Any] | None,
+    want_pod: dict[str, Any],
+    want_container: dict[str, Any],
+) -> None:
+    spec: dict[str, Any] = {}
+    if pod_sc is not None:
+        spec["securityContext"] = pod_sc
+    if container_sc is not None:
+        spec["containers"] = [{"name": "trainer", "securityContext": container_sc}]
+    pod = render_pod(job(image="me/root-image:1", template={"spec": spec}), "ns", UID, 0, 0)
+    assert pod["spec"]["securityContext"] == want_pod
+    assert pod["spec"]["containers"][0]["securityContext"] == want_container
+
+
+def test_host_network_resolves_the_cluster_and_claims_the_master_port() -> None:
+    pod = render_pod(job(masterPort=23456, template={"spec": {"hostNetwork": True}}), "ns", UID, 0, 0)
+    assert pod["spec"]["hostNetwork"] is True
+    assert pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert pod["spec"]["containers"][0]["ports"] == [
+        {"name": "rendezvous", "containerPort": 23456, "hostPort": 23456, "protocol": "TCP"}
+    ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kubetrain.operator.handlers import Key, WorkQueue
+from kubetrain.operator.workqueue import Key, WorkQueue
 
 
 def test_burst_of_triggers_coalesces_into_one_more_run() -> None:

@@ -1,0 +1,320 @@
+"""The controller: one cache object per job, and reconcile = observe -> decide -> apply.
+
+observe: the job's pods and Service from kopf's indices (filled from the initial listing
+before any handler runs, so a restarted operator never mistakes "not in my cache yet" for
+"missing"), overlaid with the job's expectations: what this controller created or deleted
+whose watch events have not arrived yet (the name and the idea are kube-controller-manager's
+ControllerExpectations).
+decide: pure functions — `status.decide` (the gang), `progress` (rank 0's metrics) and
+`refusal` (a pod the API server refused). They are the only authors of the job's status.
+apply: `kube.py`, the only writer; the status goes first when the decision says so.
+
+Level-based: a reconcile depends on the job's state, never on which event woke it; the
+TrainingJob status holds everything that must survive a restart of the operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from kubetrain.api.models import TrainingJob, TrainingJobStatus
+from kubetrain.operator import metrics, progress, refusal
+from kubetrain.operator.kube import Conflict, Kube, Refused
+from kubetrain.operator.render import render_pod, render_service
+from kubetrain.operator.settings import OperatorSettings
+from kubetrain.operator.status import Decision, Event, PodView, StaleView, decide, parse_time
+from kubetrain.operator.workqueue import Key, WorkQueue
+
+log = logging.getLogger("kubetrain.operator")
+LogSource = Callable[[str, str], Awaitable[str]]
+Index = Mapping[Any, Collection[Any]]  # kopf's index: (namespace, job) -> the indexed values
+# How long a created pod counts as observed before its watch event arrives: past that the
+# pod was gone before it could be listed, and a watch event will never come.
+EXPECTATIONS_TIMEOUT_SECONDS = 60.0
+# Retries of a transiently refused creation (a missing ServiceAccount, a quota): 1 s doubling to 60 s.
+REFUSAL_BACKOFF_SECONDS = (1.0, 60.0)
+PHASES = ("Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+
+
+def _rv(body: dict[str, Any]) -> int:
+    try:
+        return int(body["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return -1
+
+
+@dataclass
+class Expectations:
+    """Writes of this controller its watches have not shown yet. Pods are tracked by uid (as in
+    client-go's UIDTrackingControllerExpectations): a reconcile that runs before the watch
+    event of a pod it created must count it, and one that runs before a deletion finishes
+    must treat the pod as terminating."""
+
+    creations: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    service: bool = False
+    deletions: set[str] = field(default_factory=set)
+
+    def created(self, pod: dict[str, Any]) -> None:
+        self.creations[pod["metadata"]["uid"]] = (time.monotonic(), pod)
+
+    def pods(self, indexed: Collection[dict[str, Any]]) -> list[PodView]:
+        """The indexed pods plus the created ones not indexed yet, as views."""
+        seen = {p["metadata"]["uid"]: p for p in indexed}
+        horizon = time.monotonic() - EXPECTATIONS_TIMEOUT_SECONDS
+        for uid in [uid for uid, (at, _) in self.creations.items() if uid in seen or at < horizon]:
+            del self.creations[uid]
+        views = [PodView.from_pod(p) for p in [*seen.values(), *(pod for _, pod in self.creations.values())]]
+        return [replace(p, terminating=True) if p.uid in self.deletions else p for p in views]
+
+    def gone(self, uid: str) -> None:
+        self.deletions.discard(uid)
+        self.creations.pop(uid, None)
+
+
+@dataclass
+class JobState:
+    """Everything the controller keeps about one job between reconciles."""
+
+    body: dict[str, Any]  # the newest TrainingJob seen (by resourceVersion)
+    expectations: Expectations = field(default_factory=Expectations)
+    progress_read_at: float | None = None  # event-loop time of the last read of rank 0's log
+    phase: str | None = None  # as last written, for the jobs-by-phase gauge
+    refusals: int = 0  # creation passes refused in a row: the retry backoff's exponent
+
+
+class Controller:
+    """The jobs this operator process knows, their work queue, and the reconcile."""
+
+    def __init__(self, settings: OperatorSettings, kube: Kube, log_source: LogSource | None = None) -> None:
+        self.settings = settings
+        self.kube = kube
+        tail = settings.progress_tail_lines
+        self.log_source = log_source or (lambda namespace, pod: kube.read_log(namespace, pod, tail))
+        self.jobs: dict[Key, JobState] = {}
+        self.pods: Index = {}
+        self.services: Index = {}
+        self.queue = WorkQueue(self.reconcile)
+
+    # --- what the watches see -----------------------------------------------------------
+    def watch(self, pods: Index, services: Index) -> None:
+        """kopf's live indices of the children by (namespace, job)."""
+        self.pods, self.services = pods, services
+
+    def job_seen(self, body: dict[str, Any]) -> None:
+        self.queue.add(self._remember(body))
+
+    def _remember(self, body: dict[str, Any]) -> Key:
+        """Keep the newest body; a job recreated under the same name starts a new state."""
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        state = self.jobs.get(key)
+        if state is None or state.body["metadata"].get("uid") != body["metadata"].get("uid"):
+            self.jobs[key] = JobState(body)
+        elif _rv(body) >= _rv(state.body):
+            state.body = body
+        return key
+
+    def job_deleted(self, key: Key) -> None:
+        self.jobs.pop(key, None)
+        self.queue.forget(key)
+        self._count_phases()
+
+    def pod_changed(self, key: Key, gone_uid: str | None = None) -> None:
+        state = self.jobs.get(key)
+        if state is None:
+            return
+        if gone_uid is not None:
+            state.expectations.gone(gone_uid)
+        self.queue.add(key)
+
+    def service_changed(self, key: Key, gone: bool = False) -> None:
+        state = self.jobs.get(key)
+        if state is None:
+            return
+        if gone:
+            state.expectations.service = False
+        self.queue.add(key)
+
+    def _count_phases(self) -> None:
+        for phase in PHASES:
+            metrics.JOBS.labels(phase).set(sum(s.phase == phase for s in self.jobs.values()))
+
+    # --- reconcile ----------------------------------------------------------------------
+    async def reconcile(self, key: Key) -> float | None:
+        state = self.jobs.get(key)
+        if state is None or state.body["metadata"].get("deletionTimestamp"):
+            return None
+        started = time.perf_counter()
+        try:
+            return await self._reconcile(key, state)
+        finally:
+            metrics.RECONCILE.observe(time.perf_counter() - started)
+
+    async def _reconcile(self, key: Key, state: JobState) -> float | None:
+        body = state.body
+        try:
+            job = TrainingJob.model_validate(body)
+        except ValidationError as error:
+            # The CRD schema admits only valid jobs; this is an operator/CRD version skew.
+            log.error("%s/%s is not a valid TrainingJob for this operator: %s", *key, error)
+            return None
+        pods = state.expectations.pods(self.pods.get(key, ()))
+        service_exists = state.expectations.service or bool(self.services.get(key))
+        now = datetime.now(UTC).replace(microsecond=0)
+        try:
+            decision = decide(job, body["metadata"]["uid"], pods, service_exists, now, self.settings.policy)
+            # A gang failure: rank 0 may have recorded `done` since the last read (progress.py).
+            if progress.recheck(job.status, decision.status) and (text := await self._read_rank0(key, state, pods)):
+                job = job.model_copy(update={"status": progress.fold(job.status or TrainingJobStatus(), text)})
+                decision = decide(job, body["metadata"]["uid"], pods, service_exists, now, self.settings.policy)
+            else:
+                await self._read_progress(key, state, job, decision, pods)
+        except StaleView as stale:
+            return await self._reread(key, state, stale)
+        try:
+            return await self._apply(key, state, job, decision)
+        except Conflict:
+            return await self._reread(key, state, None)
+
+    async def _reread(self, key: Key, state: JobState, stale: StaleView | None) -> float | None:
+        """The cached job was out of date (`stale`: its status is behind its pods; else a
+        status write conflicted): read it again and reconcile at once."""
+        fresh = await self.kube.get_job(*key)
+        if fresh is None:
+            self.job_deleted(key)
+            return None
+        if stale is not None and _rv(fresh) == _rv(state.body):
+            # Not a lagging cache: the stored status itself is behind its pods (restored
+            # from a backup, edited by hand). Never spin; say so and look again later.
+            log.warning("%s/%s: %s; waiting for the status or the pods to change", *key, stale)
+            return 30.0
+        self._remember(fresh)
+        return 0
+
+    async def _read_progress(
+        self, key: Key, state: JobState, job: TrainingJob, decision: Decision, pods: list[PodView]
+    ) -> None:
+        """Fold rank 0's newest records into the decided status when a read is due."""
+        loop = asyncio.get_running_loop()
+        since = None if state.progress_read_at is None else loop.time() - state.progress_read_at
+        interval = self.settings.progress_interval_seconds
+        pod, requeue = progress.due(job.status, decision.status, pods, since, interval)
+        if requeue is not None:
+            decision.requeue(requeue)
+        if pod is not None and (text := await self._read_log(key, state, pod)):
+            decision.status = progress.fold(decision.status, text)
+
+    async def _read_rank0(self, key: Key, state: JobState, pods: list[PodView]) -> str | None:
+        pod = progress.rank0(pods)
+        return None if pod is None else await self._read_log(key, state, pod)
+
+    async def _read_log(self, key: Key, state: JobState, pod: str) -> str | None:
+        state.progress_read_at = asyncio.get_running_loop().time()
+        try:
+            return await self.log_source(key[0], pod)
+        except Exception as error:  # no kubelet yet, log rotated, pod gone: try next time
+            log.debug("reading the log of %s/%s failed: %s", key[0], pod, error)
+            return None
+
+    # --- apply --------------------------------------------------------------------------
+    async def _apply(self, key: Key, state: JobState, job: TrainingJob, decision: Decision) -> float | None:
+        namespace, name = key
+        # A status write moves resourceVersion on; the cached body itself stays untouched.
+        body = {**state.body, "metadata": dict(state.body["metadata"])}
+        previous = TrainingJobStatus.model_validate(body.get("status") or {})
+        previous_wire, decided_wire = previous.wire(), decision.status.wire()
+        committed = decision.commit_first and decided_wire != previous_wire
+        if committed:
+            await self._write_status(state, body, decided_wire)
+        await asyncio.gather(*(self._delete(state, namespace, pod, uid) for pod, uid in decision.delete_pods))
+        created, refused = await self._create(key, state, job, decision)
+        now = datetime.now(UTC).replace(microsecond=0)
+        status, events = refusal.settle(previous, decision, committed, refused, created, now)
+        wire = decided_wire if status is decision.status else status.wire()
+        if wire != (decided_wire if committed else previous_wire):
+            await self._write_status(state, body, wire)
+        await self._announce(key, body, status, events)
+        state.phase = status.phase or "Pending"
+        self._count_phases()
+        if decision.delete_job:
+            log.info("%s/%s: ttlSecondsAfterFinished passed; deleting the job", namespace, name)
+            await self.kube.delete_job(namespace, name, body["metadata"]["uid"])
+        return self._requeue(state, decision, refused)
+
+    def _requeue(self, state: JobState, decision: Decision, refused: refusal.Refusal | None) -> float | None:
+        if refused is None or not refused.transient:
+            state.refusals = 0
+            return None if refused is not None else decision.requeue_after
+        low, high = REFUSAL_BACKOFF_SECONDS
+        backoff = min(low * 2.0**state.refusals, high)
+        state.refusals += 1
+        return backoff if decision.requeue_after is None else min(backoff, decision.requeue_after)
+
+    async def _write_status(self, state: JobState, body: dict[str, Any], status: dict[str, Any]) -> None:
+        written = await self.kube.replace_status(body, status)
+        if written is not None:
+            if _rv(written) >= _rv(state.body):
+                state.body = written
+            body["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"]
+
+    async def _delete(self, state: JobState, namespace: str, pod: str, uid: str) -> None:
+        if uid in state.expectations.deletions:
+            return
+        await self.kube.delete_pod(namespace, pod, uid)
+        state.expectations.deletions.add(uid)
+
+    async def _create(
+        self, key: Key, state: JobState, job: TrainingJob, decision: Decision
+    ) -> tuple[bool, refusal.Refusal | None]:
+        """Create the decision's Service and pods: whether any was created (or existed), and
+        the refusal that decides the job's fate (a permanent one over a transient one)."""
+        namespace, uid = key[0], state.body["metadata"]["uid"]
+        objects = [render_service(job, namespace, uid)] if decision.create_service else []
+        objects += [
+            render_pod(job, namespace, uid, rank, decision.status.attempt, self.settings.render)
+            for rank in decision.create_ranks
+        ]
+        results = await asyncio.gather(*(self.kube.create(obj) for obj in objects), return_exceptions=True)
+        refusals: list[refusal.Refusal] = []
+        errors: list[BaseException] = []
+        for obj, result in zip(objects, results, strict=True):
+            if isinstance(result, Refused):
+                refusals.append(refusal.classify(result.status, result.message))
+            elif isinstance(result, BaseException):
+                errors.append(result)
+            elif obj["kind"] == "Service":
+                state.expectations.service = True
+            elif result is not None:
+                state.expectations.created(result)
+        if errors:  # not a refusal (the API server down, a timeout): the work queue retries
+            raise errors[0]
+        refusals.sort(key=lambda r: r.transient)
+        return len(refusals) < len(objects), (refusals[0] if refusals else None)
+
+    async def _announce(self, key: Key, body: dict[str, Any], status: TrainingJobStatus, events: list[Event]) -> None:
+        """Post the events, log them, count them in the metrics."""
+        namespace, name = key
+        ended = next(
+            (c.reason for c in status.conditions or [] if c.type in ("Succeeded", "Failed") and c.status == "True"),
+            None,
+        )
+        for event in events:
+            await self.kube.post_event(body, event.type, event.reason, event.message)
+            level = logging.WARNING if event.type == "Warning" else logging.INFO
+            context = {"job": f"{namespace}/{name}", "reason": event.reason, "attempt": status.attempt}
+            log.log(level, "%s/%s %s: %s", namespace, name, event.reason, event.message, extra=context)
+            if event.reason == "GangRestart":
+                metrics.RESTARTS.labels((status.failures or [])[-1].reason).inc()
+            elif event.reason == "Created" and status.attempt == 0:
+                created = parse_time(body["metadata"].get("creationTimestamp"))
+                if created is not None:
+                    metrics.TIME_TO_CREATED.observe((datetime.now(UTC) - created).total_seconds())
+            elif event.reason == ended:
+                metrics.FINISHED.labels(event.reason).inc()

@@ -1,0 +1,189 @@
+"""The controller's apply step against a recording fake of kube.py: what it writes for a new
+job, that its expectations stop a second creation before the watch catches up, and how a
+refused creation is retried (backoff, one event, the successes of the same pass kept)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+from support.jobs import valid_job
+
+from kubetrain.api.models import TrainingJob
+from kubetrain.operator.controller import Controller, JobState
+from kubetrain.operator.kube import ApiError, Refused
+from kubetrain.operator.refusal import BLOCKED
+from kubetrain.operator.render import RenderSettings, render_pod
+from kubetrain.operator.settings import OperatorSettings
+
+KEY = ("ns", "j")
+NO_SA = 'pods "j-node-{}" is forbidden: error looking up service account ns/trainer: serviceaccount "trainer" not found'
+QUOTA = 'pods "j-node-1" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=1, limited: pods=1'
+
+
+class FakeKube:
+    """Records every write; `refuse` maps an object's name to the error its creation raises."""
+
+    def __init__(self) -> None:
+        self.refuse: dict[str, Exception] = {}
+        self.created: list[str] = []
+        self.statuses: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str]] = []
+        self.version = 1
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        name = obj["metadata"]["name"]
+        if name in self.refuse:
+            raise self.refuse[name]
+        self.created.append(name)
+        return {
+            **obj,
+            "metadata": {**obj["metadata"], "uid": f"uid-{name}", "creationTimestamp": "2026-01-01T12:00:00Z"},
+        }
+
+    async def replace_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        self.version += 1
+        self.statuses.append(status)
+        return {**body, "metadata": {**body["metadata"], "resourceVersion": str(self.version)}, "status": status}
+
+    async def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason))
+
+
+def make(**spec: Any) -> tuple[Controller, FakeKube]:
+    kube = FakeKube()
+    controller = Controller(OperatorSettings(), kube)  # type: ignore[arg-type]
+    body = valid_job("j", **spec)
+    body["metadata"].update(namespace="ns", uid="job-uid", resourceVersion="1", generation=1)
+    # As job_seen would, without its queue: the tests drive the reconciles themselves.
+    controller.jobs[KEY] = JobState(body)
+    return controller, kube
+
+
+def reconcile(controller: Controller) -> float | None:
+    return asyncio.run(controller.reconcile(KEY))
+
+
+def blocked(kube: FakeKube) -> tuple[str, str] | None:
+    conditions = kube.statuses[-1].get("conditions") or []
+    c = next((c for c in conditions if c["type"] == BLOCKED), None)
+    return None if c is None else (c["status"], c["reason"])
+
+
+def test_a_new_job_is_one_status_write_after_its_children() -> None:
+    controller, kube = make()
+    reconcile(controller)
+    assert kube.created == ["j", "j-node-0", "j-node-1"] and len(kube.statuses) == 1
+    assert kube.events == [("Normal", "Created")]
+    # Before any watch event arrived: the expectations hold the two pods and the Service.
+    reconcile(controller)
+    assert kube.created == ["j", "j-node-0", "j-node-1"] and len(kube.statuses) == 1
+
+
+def test_a_transient_refusal_backs_off_and_recovers() -> None:
+    controller, kube = make(serviceAccountName="trainer")
+    kube.refuse = {f"j-node-{r}": Refused(403, NO_SA.format(r)) for r in (0, 1)}
+    delays = [reconcile(controller) for _ in range(8)]
+    assert delays == [1, 2, 4, 8, 16, 32, 60, 60]
+    assert kube.created == ["j"] and blocked(kube) == ("True", "ServiceAccountNotFound")
+    assert len(kube.statuses) == 1 and kube.events == [("Warning", BLOCKED)]  # not one per retry
+    kube.refuse = {}
+    assert reconcile(controller) is None  # nothing due: the pods' watch events wake it
+    assert kube.created == ["j", "j-node-0", "j-node-1"] and blocked(kube) == ("False", "Admitted")
+    assert kube.events[1:] == [("Normal", "Created")]
+    kube.refuse = {"j-node-0": Refused(403, NO_SA.format(0))}
+    controller.jobs[KEY].expectations.creations.clear()
+    controller.jobs[KEY].expectations.service = False
+    assert reconcile(controller) == 1  # the backoff starts again after a success
+
+
+def test_the_admitted_pods_of_a_partly_refused_pass_are_kept() -> None:
+    controller, kube = make()
+    kube.refuse = {"j-node-1": Refused(403, QUOTA)}
+    reconcile(controller)
+    assert kube.created == ["j", "j-node-0"] and blocked(kube) == ("True", "QuotaExceeded")
+    kube.refuse = {}
+    reconcile(controller)
+    assert kube.created == ["j", "j-node-0", "j-node-1"]  # rank 0 is expected, not created again
+
+
+def test_an_invalid_pod_fails_the_job_and_is_not_retried() -> None:
+    controller, kube = make()
+    kube.refuse = {"j-node-0": Refused(422, 'Pod "j-node-0" is invalid: spec.tolerations[0].key: Invalid value')}
+    assert reconcile(controller) is None
+    status = kube.statuses[-1]
+    assert status["phase"] == "Failed" and kube.events == [("Warning", "PodCreationFailed")]
+
+
+def test_a_server_error_is_raised_for_the_work_queue_after_the_successes_are_expected() -> None:
+    controller, kube = make()
+    kube.refuse = {"j-node-1": ApiError(500, b'{"message": "etcdserver: request timed out"}')}
+    with pytest.raises(ApiError):
+        reconcile(controller)
+    assert kube.statuses == [] and list(controller.jobs[KEY].expectations.creations) == ["uid-j-node-0"]
+
+
+def pod(controller: Controller, rank: int, phase: str, exit_code: int) -> dict[str, Any]:
+    """Node `rank`'s pod of attempt 0 as the index holds it once its container exited."""
+    job = TrainingJob.model_validate(controller.jobs[KEY].body)
+    body = render_pod(job, "ns", "job-uid", rank, 0, RenderSettings())
+    body["metadata"].update(uid=f"uid-{rank}", creationTimestamp="2026-01-01T12:00:00Z")
+    terminated = {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed", "message": ""}
+    body["status"] = {"phase": phase, "containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}]}
+    return body
+
+
+def finished(reason: str) -> float:
+    return REGISTRY.get_sample_value("kubetrain_trainingjobs_finished_total", {"reason": reason}) or 0.0
+
+
+def record(event: str, **fields: Any) -> str:
+    return json.dumps({"event": event, "time": 1.8e9, "epoch": 1, "total_steps": 100, **fields})
+
+
+def test_a_crash_at_teardown_after_done_is_read_before_restarting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 aborts at teardown after rank 0 wrote its final checkpoint and `done`, after the last
+    periodic read: the controller reads rank 0's log before acting on the failure, and the
+    late-crash rule finishes the job instead of restarting the gang."""
+    before = finished("CompletedBeforeFailure")
+    controller, kube = make()
+    running = {"attempt": 0, "replicas": {"active": 2, "ready": 2}, "progress": {"step": 90, "totalSteps": 100}}
+    controller.jobs[KEY].body["status"] = running
+    controller.pods = {KEY: [pod(controller, 0, "Succeeded", 0), pod(controller, 1, "Failed", 134)]}
+    controller.services = {KEY: ["j"]}
+    reads: list[str] = []
+
+    async def logs(namespace: str, name: str) -> str:
+        reads.append(name)
+        return "\n".join([record("checkpoint", step=100, path="/ckpt/step-100"), record("done", step=100)])
+
+    controller.log_source = logs
+    reconcile(controller)
+    assert reads == ["j-node-0"]
+    status = kube.statuses[-1]
+    succeeded = next(c for c in status["conditions"] if c["type"] == "Succeeded")
+    assert succeeded["reason"] == "CompletedBeforeFailure"
+    assert "rank 0 recorded done at step 100" in succeeded["message"]
+    assert status["attempt"] == 0 and status["restarts"] == 0 and "failures" not in status
+    assert ("Normal", "CompletedBeforeFailure") in kube.events and ("Warning", "GangRestart") not in kube.events
+    assert finished("CompletedBeforeFailure") == before + 1
+
+
+def test_a_fail_job_rule_is_counted_as_finished_by_its_reason() -> None:
+    rule = {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}}
+    controller, kube = make(runPolicy={"maxRestarts": 3, "failurePolicy": {"rules": [rule]}})
+    controller.jobs[KEY].body["status"] = {"attempt": 0, "replicas": {"active": 2, "ready": 2}}
+    controller.pods = {KEY: [pod(controller, 0, "Failed", 2), pod(controller, 1, "Failed", 2)]}
+    controller.services = {KEY: ["j"]}
+    before = finished("FailurePolicy")
+
+    async def no_records(namespace: str, name: str) -> str:
+        return "a log line without metrics records"
+
+    controller.log_source = no_records
+    reconcile(controller)
+    assert kube.statuses[-1]["phase"] == "Failed" and ("Warning", "FailurePolicy") in kube.events
+    assert finished("FailurePolicy") == before + 1
