@@ -10,6 +10,7 @@ process. A single-process pod also carries RANK and LOCAL_RANK so that a plain
 from __future__ import annotations
 
 import socket
+from collections.abc import Collection
 
 from kubetrain.api.training import CONFIG_ENV
 
@@ -23,6 +24,9 @@ RANK = "RANK"
 LOCAL_RANK = "LOCAL_RANK"
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 PET_PREFIX = "PET_"
+# checkpoint.dir, for scripts of your own: where their checkpoints survive a restart (the
+# checkpoint volume on a cluster, <run-dir>/checkpoints with --local). Reserved by the prefix.
+CHECKPOINT_DIR_ENV = "KUBETRAIN_CHECKPOINT_DIR"
 TORCHRUN_MIRRORED = (NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT)
 
 # Names a user's `env` may not set: a mismatch here is the classic "RANK means the node"
@@ -67,6 +71,24 @@ def rendezvous_env(
         env[LOCAL_RANK] = "0"
         env[LOCAL_WORLD_SIZE] = "1"
     return env
+
+
+TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+
+# Every node's env gets these unless the job's `env` sets the name (they are not reserved:
+# a user may choose another value). They hold for a bring-your-own script as much as for the
+# built-in trainer, which is why they are rendered rather than set inside the trainer.
+DEFAULT_ENV: dict[str, str] = {
+    # A failed or stalled NCCL collective aborts the communicator and ends the process, so the
+    # gang restarts, instead of every other rank waiting out the process-group timeout
+    # (training.processGroupTimeoutSeconds for the built-in trainer; torch's default otherwise).
+    TORCH_NCCL_ASYNC_ERROR_HANDLING: "1",
+}
+
+
+def default_env(user_names: Collection[str]) -> dict[str, str]:
+    """The DEFAULT_ENV entries the job's own `env` (names `user_names`) does not set."""
+    return {name: value for name, value in DEFAULT_ENV.items() if name not in user_names}
 
 
 # The pod command when a TrainingJob sets none: torchrun (configured entirely by the PET_*

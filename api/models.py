@@ -589,7 +589,7 @@ class TrainingJobStatus(StrictModel):
     conditions: list[Condition] | None = Field(
         None,
         max_length=16,
-        description="Created, Running, Restarting, Stalled, Suspended, Succeeded, Failed.",
+        description="Created, Running, Restarting, Stalled, PodCreationBlocked, Suspended, Succeeded, Failed.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(None, ge=0, description="The spec generation last reconciled.")

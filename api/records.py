@@ -91,9 +91,9 @@ def fold(
             update["updated_at"] = updated
         event = record["event"]
         _mark_done(record, progress, update)
+        if event in ("step", "done") and (loss := _number(record.get("loss"))) is not None:
+            update["loss"] = loss
         if event == "step":
-            if (loss := _number(record.get("loss"))) is not None:
-                update["loss"] = loss
             if (rate := _number(record.get("samples_per_s"))) is not None and rate >= 0:
                 update["samples_per_second"] = rate
         elif event == "eval":

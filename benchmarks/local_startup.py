@@ -29,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from kubetrain.api.records import records_in
+
 ROOT = Path(__file__).resolve().parent.parent
 KUBETRAIN = str(Path(sys.executable).parent / "kubetrain")
 RESULTS = ROOT / "benchmarks" / "results" / "local_startup.json"
@@ -40,11 +42,7 @@ def first_records(metrics: Path, proc: subprocess.Popen[bytes], timeout: float) 
     seen: dict[str, float] = {}
     while time.monotonic() < deadline and proc.poll() is None:
         if metrics.exists():
-            for line in metrics.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
+            for record in records_in(metrics.read_text()):
                 seen.setdefault(record["event"], record["time"])
             if "step" in seen:
                 return seen

@@ -17,7 +17,7 @@ back, and an unrecorded warm-up round comes first:
    between adjacent blocks.
 3. checkpoint: one collective `Checkpointer.save` of model + AdamW against one step.
 
-Results go to benchmarks/results/trainer_overhead.json with the machine described.
+Results go to benchmarks/results/trainer_overhead.json (or --output) with the machine described.
 """
 
 from __future__ import annotations
@@ -211,9 +211,9 @@ def _checkpoint_run(ctx: Any, directory: str) -> float:
 def worker(args: argparse.Namespace) -> None:
     import torch
 
-    from kubetrain.api.records import configure_logging
     from kubetrain.trainer import dist as kdist
     from kubetrain.trainer.checkpoint import complete_checkpoints
+    from kubetrain.trainer.metrics import configure_logging
 
     torch.set_num_threads(1)
     # On success the ranks meet before tearing down: a rank that exits while its peers still
@@ -361,8 +361,8 @@ def launch(args: argparse.Namespace) -> None:
         if any(codes):
             raise SystemExit(f"benchmark workers failed: exit codes {codes}")
         summary = _summary(json.loads(out.read_text()), args, time.monotonic() - start, load)
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(summary, indent=2) + "\n")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "raw"}, indent=2))
 
 
@@ -374,6 +374,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="alternations of the DDP/control arms")
     parser.add_argument("--block", type=int, default=24, help="micro-batches per timed block at the small batch")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--output", type=Path, default=RESULT, help="result JSON (default: %(default)s)")
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
     args = parser.parse_args()

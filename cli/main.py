@@ -88,13 +88,14 @@ def run(
 ) -> None:
     """Run a TrainingJob locally: the operator's pods as processes, same env, same gang restarts.
 
-    Exit codes: 0 succeeded, 1 failed (a node kept failing or the deadline passed), 2 invalid
-    input (nothing was started), 128+N stopped by signal N (130 for Ctrl-C).
+    Exit codes: 0 succeeded, 1 failed (as the operator would fail it; the last line names the
+    node, its exit code and its log), 2 invalid input (nothing was started), 128+N stopped by
+    signal N (130 for Ctrl-C). The run dir's status.json is the job's status as on a cluster.
     """
     if not local:
         typer.echo(f"on a cluster: kubectl apply -f {file}; on this machine: kubetrain run {file} --local", err=True)
         raise typer.Exit(2)
-    from kubetrain.local.plan import run_local
+    from kubetrain.local.run import run_local
     from kubetrain.local.volumes import LocalChoices
 
     choices = LocalChoices(tuple(volume or ()), no_image=no_image, no_init_containers=no_init_containers)

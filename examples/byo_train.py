@@ -3,14 +3,18 @@
     torchrun examples/byo_train.py --epochs 5                  # in a TrainingJob pod (PET_* set)
     torchrun --nproc-per-node 2 examples/byo_train.py --checkpoint-dir /tmp/byo   # on a laptop
 
-The checkpoint dir is the TrainingJob's `checkpoint.dir` when KUBETRAIN_CONFIG is set
-(the operator sets it), else --checkpoint-dir. Rerun the same command after a crash: it
-resumes from the newest complete checkpoint.
+Snapshots go to $KUBETRAIN_CHECKPOINT_DIR, which every TrainingJob pod gets: the checkpoint
+volume (`checkpoint.dir`) on a cluster, `<run-dir>/checkpoints` with `kubetrain run --local`.
+Never a path relative to the working directory: that would outlive the run dir and be resumed
+by the next run. Without the variable, --checkpoint-dir. Rerun the same command after a crash:
+it resumes from the newest complete checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -35,9 +39,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--checkpoint-dir", default="./checkpoints")
+    parser.add_argument("--checkpoint-dir", default=os.environ.get("KUBETRAIN_CHECKPOINT_DIR", "./checkpoints"))
     args = parser.parse_args()
-    ckpt_dir = lib.checkpoint_dir(args.checkpoint_dir)
+    ckpt_dir = Path(args.checkpoint_dir)
 
     with lib.distributed() as ctx:
         lib.configure_logging(ctx.rank)

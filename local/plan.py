@@ -1,69 +1,46 @@
-"""`kubetrain run --local`: the pods the operator would create, as processes on this machine.
+"""The plan of a local run: the job's rendered pods as node processes, validated before anything starts.
 
-The pods come from the operator's own renderer (`render.render_pods`); their container's
-command, args and env are used as they are, except for the handful of things one machine
-cannot share with a cluster. Those are rewritten in exactly one place, `localize_env`, and
-listed in `LOCAL_REWRITES` (printed at start and saved in the run directory). spec.template's
-volumes, mounts and workingDir are mapped, or refused, by `local/volumes.py`. Everything else in
-the pod (image, resources, scheduling) has no local meaning and is ignored.
+The pods come from the operator's own renderer (`render.render_pods`); `kubetrain.local.localize`
+changes the few things one machine cannot share with a cluster. spec.template's volumes, mounts
+and workingDir are mapped, or refused, by `kubetrain.local.volumes`. Everything else in the pod
+(image, resources, scheduling) has no local meaning and is ignored.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import yaml
 
 from kubetrain.api import naming
-from kubetrain.api.contract import MASTER_ADDR, MASTER_PORT, PET_PREFIX, is_reserved
+from kubetrain.api.contract import is_reserved
 from kubetrain.api.manifest import InvalidTrainingJob, load, parse
 from kubetrain.api.models import TrainingJob
-from kubetrain.api.training import CONFIG_ENV, TrainConfig
-from kubetrain.local.volumes import NO_CHOICES, LocalChoices, LocalVolumes, UnmappableError, plan_volumes
+from kubetrain.local.localize import (
+    CUDA_VISIBLE_DEVICES,
+    LOCAL_REWRITES,
+    LocalRunError,
+    expand,
+    expand_env,
+    localize_env,
+    resolve_env,
+)
+from kubetrain.local.volumes import NO_CHOICES, LocalChoices, LocalVolumes, plan_volumes
 from kubetrain.operator.render import render_pods
 
 LOCAL_NAMESPACE = "default"
-CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
-OMP_NUM_THREADS = "OMP_NUM_THREADS"
-PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 CHECKPOINTS_SUBDIR = "checkpoints"
-SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-
-# The whole difference between a node's pod on a cluster and its process here.
-LOCAL_REWRITES: tuple[tuple[str, str], ...] = (
-    (
-        f"{MASTER_ADDR}, {PET_PREFIX}{MASTER_ADDR}",
-        "node 0's DNS name -> 127.0.0.1 (--netns: kept; each namespace's /etc/hosts resolves the pods' names)",
-    ),
-    (f"{MASTER_PORT}, {PET_PREFIX}{MASTER_PORT}", "spec.masterPort -> a free local port, new for each attempt"),
-    (CONFIG_ENV, "checkpoint.dir (the volume's mount path) -> <run-dir>/checkpoints"),
-    (CUDA_VISIBLE_DEVICES, "node i gets GPUs [i*gpusPerNode, (i+1)*gpusPerNode) of the visible ones; '' on CPU"),
-    (OMP_NUM_THREADS, "the machine's cores shared among all processes (unless set in spec.env)"),
-    (PYTHONUNBUFFERED, "1: output is a pipe read line by line"),
-    (
-        ", ".join(SOCKET_IFNAME_VARS),
-        "--netns only: the namespace's interface (gloo/NCCL pick the address of the hostname, "
-        "which is a pod's own IP on a cluster but the host's here)",
-    ),
-)
-
-
-class LocalRunError(ValueError):
-    """Input that cannot run locally; raised before any process starts."""
 
 
 @dataclass(frozen=True)
@@ -130,74 +107,6 @@ def device_slices(job: TrainingJob, gpus: Sequence[str]) -> list[str]:
     return [",".join(gpus[rank * per_node : (rank + 1) * per_node]) for rank in range(job.spec.nodes)]
 
 
-def resolve_env(entries: Sequence[Mapping[str, Any]], pod: Mapping[str, Any], pod_ip: str) -> dict[str, str]:
-    """A container's env list as a plain mapping. Pod fields are emulated; Secrets, ConfigMaps and
-    container resources exist only on a cluster, so they are refused, naming the variable."""
-    fields = {
-        "metadata.name": pod["metadata"]["name"],
-        "metadata.namespace": pod["metadata"]["namespace"],
-        "spec.nodeName": socket.gethostname(),
-        "status.podIP": pod_ip,
-        "status.hostIP": pod_ip,
-    }
-    env: dict[str, str] = {}
-    for entry in entries:
-        name = entry["name"]
-        if "valueFrom" not in entry:
-            env[name] = str(entry.get("value", ""))
-            continue
-        source = entry["valueFrom"]
-        path = source.get("fieldRef", {}).get("fieldPath")
-        if path in fields:
-            env[name] = fields[path]
-            continue
-        kind = next(iter(source), "valueFrom")
-        raise LocalRunError(
-            f"spec.env: {name} takes its value from {kind}"
-            + (f" {path!r}" if path else "")
-            + f", which exists only on a cluster; locally only value and fieldRef ({', '.join(fields)}) work"
-        )
-    return env
-
-
-def localize_env(
-    env: Mapping[str, str],
-    *,
-    master_addr: str | None,
-    master_port: int,
-    checkpoint_dir: Path,
-    cuda_visible_devices: str,
-    threads_per_process: int,
-    socket_ifname: str | None = None,
-) -> tuple[dict[str, str], dict[str, tuple[str | None, str]]]:
-    """The one place a rendered env is changed for a local run (see LOCAL_REWRITES).
-
-    `master_addr` None keeps the rendered DNS name (--netns resolves it). Returns the new env
-    and what changed: name -> (rendered value, local value).
-    """
-    local = dict(env)
-    rewrites: dict[str, str] = {}
-    for name in (MASTER_ADDR, PET_PREFIX + MASTER_ADDR):
-        if name in env and master_addr is not None:
-            rewrites[name] = master_addr
-    for name in (MASTER_PORT, PET_PREFIX + MASTER_PORT):
-        if name in env:
-            rewrites[name] = str(master_port)
-    if CONFIG_ENV in env:
-        config = TrainConfig.model_validate_json(env[CONFIG_ENV])
-        config.checkpoint.dir = str(checkpoint_dir)
-        rewrites[CONFIG_ENV] = config.to_env_value()
-    rewrites[CUDA_VISIBLE_DEVICES] = cuda_visible_devices
-    if OMP_NUM_THREADS not in env:
-        rewrites[OMP_NUM_THREADS] = str(threads_per_process)
-    rewrites[PYTHONUNBUFFERED] = "1"
-    if socket_ifname is not None:
-        rewrites.update(dict.fromkeys(SOCKET_IFNAME_VARS, socket_ifname))
-    changed = {name: (env.get(name), value) for name, value in rewrites.items() if env.get(name) != value}
-    local.update(rewrites)
-    return local, changed
-
-
 @dataclass(frozen=True)
 class LocalPlan:
     """Everything a local run needs, computed (and so validated) before anything starts."""
@@ -226,8 +135,9 @@ class LocalPlan:
         out = []
         for rank, pod in enumerate(self.pods(attempt)):
             container = next(c for c in pod["spec"]["containers"] if c["name"] == naming.CONTAINER_NAME)
+            entries = container.get("env", [])
             env, changed = localize_env(
-                resolve_env(container.get("env", []), pod, self.node_addrs[rank]),
+                resolve_env(entries, pod, self.node_addrs[rank]),
                 master_addr=None if self.netns else self.node_addrs[0],
                 master_port=master_port,
                 checkpoint_dir=self.checkpoint_dir.resolve(),
@@ -235,11 +145,13 @@ class LocalPlan:
                 threads_per_process=self.threads_per_process(),
                 socket_ifname=self.socket_ifname,
             )
+            # As the kubelet does, with the local values: env values first, then command and args.
+            env = expand_env(env, [entry["name"] for entry in entries if "valueFrom" not in entry])
             out.append(
                 NodeProcess(
                     rank=rank,
                     pod_name=pod["metadata"]["name"],
-                    argv=[*container["command"], *container.get("args", [])],
+                    argv=[expand(arg, env) for arg in [*container["command"], *container.get("args", [])]],
                     env=env,
                     rewritten=changed,
                     netns=self.netns[rank] if self.netns else None,
@@ -280,6 +192,9 @@ def make_plan(
 ) -> LocalPlan:
     """Load, validate and render everything; raises InvalidTrainingJob or LocalRunError on bad input."""
     job = apply_overrides(load_job(path), nodes=nodes, gpus_per_node=gpus_per_node)
+    if job.spec.run_policy.suspend:
+        # The operator would hold the gang until the field is cleared; nothing clears it here.
+        raise LocalRunError("spec.runPolicy.suspend: a suspended job starts no pods; set it to false to run it")
     devices = device_slices(job, visible_gpus() if job.spec.gpus_per_node else [])
     plan = LocalPlan(
         job=job,
@@ -338,77 +253,3 @@ def check_command(node: NodeProcess) -> None:
             f"spec.command: {program!r} not found "
             + ("(relative paths resolve against the current directory)" if os.sep in program else "on PATH")
         )
-
-
-def run_local(
-    path: str | Path,
-    *,
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    run_dir: Path | None = None,
-    netns: bool = False,
-    choices: LocalChoices = NO_CHOICES,
-    out: TextIO | None = None,
-    err: TextIO | None = None,
-) -> int:
-    """`kubetrain run FILE --local`; returns the exit code (see localrun.EXIT_*)."""
-    from kubetrain.local import netns as netns_mod
-    from kubetrain.local import supervisor as localrun
-    from kubetrain.local.plot import plot_run
-    from kubetrain.local.view import make_view
-
-    out = out or sys.stdout
-    err = err or sys.stderr
-    try:
-        plan = make_plan(
-            path,
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            run_dir=run_dir,
-            now=time.strftime("%Y%m%d-%H%M%S"),
-            choices=choices,
-        )
-        for node in plan.nodes(attempt=0, master_port=plan.job.spec.master_port):
-            check_command(node)
-    except (InvalidTrainingJob, LocalRunError, UnmappableError) as error:
-        print(f"error: {error}", file=err)
-        return localrun.EXIT_BAD_INPUT
-    with contextlib.ExitStack() as stack:
-        if netns:
-            try:
-                pods = plan.pods(attempt=0)
-                namespaces = stack.enter_context(
-                    netns_mod.node_namespaces(plan.job.name, [netns_mod.pod_hostnames(pod) for pod in pods])
-                )
-            except netns_mod.NetnsError as error:
-                print(f"error: --netns: {error}", file=err)
-                return localrun.EXIT_BAD_INPUT
-            plan = replace(
-                plan,
-                node_addrs=[ns.addr for ns in namespaces],
-                netns=[ns.name for ns in namespaces],
-                socket_ifname=netns_mod.NODE_IFNAME,
-            )
-        if run_dir is None:
-            plan = replace(plan, run_dir=claim_run_dir(plan.run_dir))
-        write_run_files(plan, plan.nodes(attempt=0, master_port=plan.job.spec.master_port))
-        view = make_view(out)
-        try:
-            view.begin(plan)
-            for line in plan.volumes.describe(plan.run_dir):
-                view.notice(line)
-            try:
-                result = localrun.Supervisor(plan, view).run()
-            except localrun.NodeStartError as error:
-                view.close()
-                print(f"error: {error}", file=err)
-                return localrun.EXIT_FAILED
-            try:
-                result.plot = str(plot_run(plan.run_dir))
-            except (OSError, ValueError, ImportError) as error:
-                view.notice(f"no plot: {error}")
-            (plan.run_dir / "summary.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
-            view.end(result)
-        finally:
-            view.close()
-    return result.exit_code

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubetrain.api.records import METRICS_FILE, parse_record
+from kubetrain.api.records import METRICS_FILE, records_in
 
 PLOT_FILE = "metrics.png"
 
@@ -32,10 +32,6 @@ def metrics_path(run: Path) -> Path:
         if candidate.is_file():
             return candidate
     raise FileNotFoundError(f"{run}: no {METRICS_FILE} (looked in {run}/checkpoints and {run})")
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    return [record for line in path.read_text().splitlines() if (record := parse_record(line)) is not None]
 
 
 def curves(records: list[dict[str, Any]]) -> Curves:
@@ -67,7 +63,7 @@ def curves(records: list[dict[str, Any]]) -> Curves:
 def plot_run(run: Path, out: Path | None = None) -> Path:
     """Write the loss/accuracy PNG of a run dir (or metrics file); returns its path."""
     source = metrics_path(run)
-    data = curves(read_records(source))
+    data = curves(records_in(source.read_text()))
     if not data.steps and not data.eval_steps:
         raise ValueError(f"{source}: no step or eval records to plot")
     import matplotlib

@@ -9,8 +9,9 @@ from typing import IO, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from kubetrain.local.plan import LOCAL_REWRITES, LocalPlan, NodeProcess
-from kubetrain.local.supervisor import RunResult
+from kubetrain.local.localize import LOCAL_REWRITES
+from kubetrain.local.plan import LocalPlan, NodeProcess
+from kubetrain.local.result import RunResult
 
 
 def _num(value: Any, fmt: str = ".4f") -> str:
@@ -32,6 +33,26 @@ def header_lines(plan: LocalPlan) -> list[str]:
     return lines
 
 
+def checkpoint_line(result: RunResult) -> str:
+    """What kubetrain knows about checkpoints: only the `checkpoint` (and `resume`) records the job
+    logged. A script that keeps its own checkpoints without them is not described as saving none."""
+    if result.checkpoints_written:
+        return f"{len(result.checkpoints_written)} written, last {result.checkpoints_written[-1]}"
+    if result.last_checkpoint is not None:
+        return f"none written in this run; resumed from {result.last_checkpoint.path}"
+    return "none reported (the job logged no checkpoint records)"
+
+
+def failure_line(result: RunResult) -> str | None:
+    """The node that ended a failed run, its exit code and where its output is."""
+    failure = result.node_failure
+    if failure is None:
+        return None
+    code = "" if failure.exit_code is None else f" with exit code {failure.exit_code}"
+    log = result.run_dir / f"node-{failure.rank}.log"
+    return f"node {failure.rank} failed{code} in attempt {failure.attempt} ({failure.reason}); its log: {log}"
+
+
 def summary_lines(result: RunResult) -> list[str]:
     minutes, seconds = divmod(result.wall_s, 60)
     lines = [
@@ -41,13 +62,14 @@ def summary_lines(result: RunResult) -> list[str]:
         f"  final step    {_num(result.final_step, 'd')}",
         f"  final loss    {_num(result.final_loss)}",
         f"  accuracy      {_num(result.final_accuracy)}",
-        f"  checkpoints   {len(result.checkpoints_written)} written"
-        + (f", last {result.checkpoints_written[-1]}" if result.checkpoints_written else ""),
+        f"  checkpoints   {checkpoint_line(result)}",
         f"  restarts      {result.restarts}",
         f"  run dir       {result.run_dir}",
     ]
     if result.plot:
         lines.append(f"  plot          {result.plot}")
+    if (failed := failure_line(result)) is not None:
+        lines.append(failed)
     return lines
 
 

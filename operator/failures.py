@@ -85,7 +85,7 @@ def stall_failure(
     rank0: PodView, attempt: int, progress: Progress | None, running_since: datetime, timeout: int, now: datetime
 ) -> Failure:
     """The failure a stall records: how long, and the last progress rank 0 reported."""
-    if progress is not None and progress.updated_at is not None and progress.updated_at > running_since:
+    if progress is not None and progress.updated_at is not None and progress.updated_at >= running_since:
         last = f"last progress: step {progress.step} at {stamp(progress.updated_at)}"
     else:
         last = f"none since attempt {attempt} started running at {stamp(running_since)}"

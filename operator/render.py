@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubetrain.api import naming
-from kubetrain.api.contract import DEFAULT_COMMAND, is_reserved, rendezvous_env
+from kubetrain.api.contract import CHECKPOINT_DIR_ENV, DEFAULT_COMMAND, default_env, is_reserved, rendezvous_env
 from kubetrain.api.models import GPU_RESOURCE, TrainingJob
 from kubetrain.api.podtemplate import PodTemplate
 from kubetrain.api.training import CONFIG_ENV
@@ -119,7 +119,9 @@ def _env(job: TrainingJob, namespace: str, node_rank: int, settings: RenderSetti
         nproc_per_node=spec.procs_per_node,
     )
     env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in contract.items()]
+    env.extend({"name": name, "value": value} for name, value in default_env({v.name for v in spec.env or []}).items())
     env.append({"name": CONFIG_ENV, "value": spec.trainer_config().to_env_value()})
+    env.append({"name": CHECKPOINT_DIR_ENV, "value": spec.checkpoint.dir})
     for var in spec.env or []:
         # The models reject these already; a renderer bug must not let one through.
         assert not is_reserved(var.name), f"reserved env name {var.name!r} reached the renderer"

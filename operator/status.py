@@ -323,6 +323,8 @@ def _finish(run: _Pass, success: bool, reason: str, message: str) -> Decision:
     run.status.completion_time = run.now
     run.decision.commit_first = True
     run.decision.events.append(Event("Normal" if success else "Warning", reason, message))
+    # A restarted attempt can report progress and finish in one pass: its stall is over too.
+    _progress_resumed(run)
     return _cleanup(run)
 
 

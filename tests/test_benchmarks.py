@@ -82,3 +82,27 @@ def test_operator_scale_benchmark_runs(control_plane: ControlPlane, tmp_path: Pa
 def test_local_startup_benchmark_runs(tmp_path: Path) -> None:
     result = run_benchmark("local_startup.py", tmp_path / "startup.json", "--repeats", "1")
     assert result["repeats"] == 1 and result["to_first_step_s"]["median"] > 0
+
+
+@pytest.mark.slow
+def test_trainer_overhead_benchmark_runs(tmp_path: Path) -> None:
+    tiny = ("--reps", "1", "--steps", "30", "--rounds", "1", "--block", "4")
+    result = run_benchmark("trainer_overhead.py", tmp_path / "overhead.json", *tiny)
+    assert len(result["loop_vs_hand"]["steady_ratio_per_rep"]) == 1
+    assert result["checkpoint"]["save_ms_median"] > 0 and result["checkpoint"]["bytes"] > 0
+
+
+@pytest.mark.slow
+def test_teardown_stress_benchmark_runs(tmp_path: Path) -> None:
+    # One run of each workload; the built-in trainer's teardown is ours, so it must be clean.
+    result = run_benchmark(
+        "teardown_stress.py", tmp_path / "teardown.json", "--runs", "2", "--load", "1", "--keep", str(tmp_path / "runs")
+    )
+    assert result["setup"] == {"runs": 2, "busy_loops": 1, "workloads": ["builtin", "byo"]}
+    builtin, byo = result["runs"]
+    assert (builtin["workload"], byo["workload"]) == ("builtin", "byo")
+    for run in (builtin, byo):
+        assert run["outcome"] == "Succeeded", run
+        assert set(run["markers"]) == {"terminate_called", "exit_barrier", "traceback"}
+    assert builtin["clean"], builtin
+    assert result["totals"]["runs"] == 2 and result["totals"]["succeeded"] == 2

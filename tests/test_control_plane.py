@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 from cases import INVALID_JOBS
@@ -370,7 +371,12 @@ def test_process_node_runs_pods_and_reports_their_exit(
         )
         doc["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
         core.create_namespaced_pod(namespace, doc)
-    sleeper = pod("sleeper", command=["sleep", "300"])
+    # As torchrun does, the sleeper starts its worker in a session of its own.
+    worker = (
+        f"import subprocess, time; subprocess.Popen([{sys.executable!r}, '-c', 'import time; time.sleep(300)'], "
+        "start_new_session=True); time.sleep(300)"
+    )
+    sleeper = pod("sleeper", command=[sys.executable, "-c", worker])
     sleeper["spec"]["terminationGracePeriodSeconds"] = 5
     core.create_namespaced_pod(namespace, sleeper)
 
@@ -387,10 +393,15 @@ def test_process_node_runs_pods_and_reports_their_exit(
         assert data.read_text() == "worker-0 hello"
 
         wait_for(lambda: core.read_namespaced_pod("sleeper", namespace).status.phase == "Running", 30, "sleeper")
-        (proc,) = node.pods[core.read_namespaced_pod("sleeper", namespace).metadata.uid].procs.values()
+        (tree,) = node.pods[core.read_namespaced_pod("sleeper", namespace).metadata.uid].procs.values()
+        (child,) = wait_for(lambda: psutil.Process(tree.pid).children(), 30, "the sleeper's worker")
         core.delete_namespaced_pod("sleeper", namespace)
         wait_for(lambda: gone(lambda: core.read_namespaced_pod("sleeper", namespace)), 30, "the sleeper's deletion")
-        assert proc.poll() is not None, "deleting the pod left its process running"
+        assert not tree.running(), "deleting the pod left its process running"
+        _, alive = psutil.wait_procs([child], timeout=10)
+        for survivor in alive:
+            survivor.kill()
+        assert not alive, "deleting the pod left the worker (a session of its own) running"
         assert node.errors == []
 
 

@@ -144,3 +144,10 @@ def test_no_import_cycles_between_modules_or_packages() -> None:
     assert packages["kubetrain.trainer"] <= {"kubetrain.api"}
     assert packages["kubetrain.operator"] <= {"kubetrain.api"}
     assert packages["kubetrain.local"] <= {"kubetrain.api", "kubetrain.operator"}
+
+
+def test_test_module_basenames_are_unique() -> None:
+    # Test folders are not packages: pytest imports each test file by its basename, so two
+    # test_x.py in different folders make the whole collection fail ("import file mismatch").
+    names = [path.name for path in (ROOT / "tests").rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)

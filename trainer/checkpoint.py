@@ -56,6 +56,14 @@ def _read_meta(path: Path) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
+def step_of(path: Path) -> int:
+    """N of a `step-N` checkpoint folder."""
+    match = _STEP_DIR.match(path.name)
+    if match is None:
+        raise CheckpointError(f"{path} is not a step-N checkpoint folder")
+    return int(match.group(1))
+
+
 def complete_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
     """(step, path) of every complete checkpoint, oldest first."""
     directory = Path(directory)
@@ -160,11 +168,17 @@ def _as_tuple(value: Any) -> Any:
 
 
 class Checkpointer:
-    """Collective save/load of a training state. Every rank calls `save` and `load` together.
+    """Collective save/load of a training state, and when the next save is due.
 
-    `state` is whatever the caller wants back (state_dicts, counters); it must be the same on
-    every rank (as DDP keeps it), so only rank 0's copy is written. Per-rank RNG states and
-    the loaders' generators are gathered to rank 0 and restored per rank on load.
+    Every rank calls `save` and `load` together. `state` is whatever the caller wants back
+    (state_dicts, counters); it must be the same on every rank (as DDP keeps it), so only
+    rank 0's copy is written. Per-rank RNG states and the loaders' generators are gathered
+    to rank 0 and restored per rank on load.
+
+    With `every_steps` / `every_seconds`, `due` says whether a step should be saved. Clocks
+    differ between ranks, so the time rule is rank 0's alone: the caller sends rank 0's
+    `time_vote()` to every rank (the built-in loop packs it into the collective it already
+    makes on log steps) and passes the agreed vote to `due`.
     """
 
     def __init__(
@@ -176,6 +190,8 @@ class Checkpointer:
         keep: int = 3,
         fingerprint: str | None = None,
         generators: list[torch.Generator] | None = None,
+        every_steps: int | None = None,
+        every_seconds: float | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.rank = rank
@@ -183,9 +199,27 @@ class Checkpointer:
         self.keep = keep
         self.fingerprint = fingerprint
         self.generators = list(generators or [])
+        self.every_steps = every_steps
+        self.every_seconds = every_seconds
+        # The newest step on disk (None before the first save or resume), and when it was written.
+        self.last_step: int | None = None
+        self._last_time = time.monotonic()
+
+    def time_vote(self) -> bool:
+        """Rank 0's opinion that `every_seconds` have passed since the last save; False elsewhere."""
+        if self.rank != 0 or self.every_seconds is None:
+            return False
+        return time.monotonic() - self._last_time >= self.every_seconds
+
+    def due(self, step: int, *, time_vote: bool = False) -> bool:
+        """Whether `step` should be saved: on the `every_steps` cadence, or by the agreed time vote."""
+        if step == self.last_step:
+            return False
+        return (self.every_steps is not None and step % self.every_steps == 0) or time_vote
 
     def save(self, step: int, state: dict[str, Any]) -> Path | None:
         """Write `step-<step>/` on rank 0; returns its path there, None elsewhere."""
+        self.last_step, self._last_time = step, time.monotonic()
         mine = rng_state(self.generators)
         ranks: list[Any] = [mine]
         if self.world_size > 1:
@@ -239,4 +273,6 @@ class Checkpointer:
             dist.scatter_object_list(mine, ranks, src=0)
         set_rng_state(mine[0], self.generators)
         restored: dict[str, Any] = state[0]
-        return Path(message[1]), restored
+        path = Path(message[1])
+        self.last_step, self._last_time = step_of(path), time.monotonic()
+        return path, restored

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 import socket
 import time
@@ -18,9 +19,21 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+# torch.distributed.nn.functional binds `group.WORLD` as default argument values when it is
+# first imported, and DDP's construction imports it. Imported after init_process_group, those
+# defaults hold the default process group for the life of the process: destroy_process_group
+# cannot free it, so gloo's threads (and a master rank's TCPStore server) live on into
+# interpreter shutdown, where a peer that already exited can abort this process ("terminate
+# called without an active exception"). Imported here, before any group exists, they are None.
+import torch.distributed.nn
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
+from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
+from torch.distributed.elastic.utils.store import _NUM_MEMBERS
 
 from kubetrain.api import contract
+
+log = logging.getLogger("kubetrain.trainer")
 
 # Keys of the contract check, under a prefix of ours in the rendezvous store.
 _STORE_PREFIX = "kubetrain"
@@ -54,6 +67,8 @@ class DistContext:
     env: DistEnv
     backend: str
     device: torch.device
+    # torchrun's store (hosted by node 0's agent) when this process runs under torchrun.
+    agent_store: Store | None = None
 
     @property
     def rank(self) -> int:
@@ -154,12 +169,19 @@ def wait_for_master(host: str, port: int, timeout_s: float, *, interval_s: float
         delay = min(delay * 2, interval_s)
 
 
-def _make_store(env: DistEnv, timeout: datetime.timedelta) -> Store:
-    # Under torchrun with the agent's store, that store already listens on MASTER_PORT
-    # and every worker is a client; otherwise rank 0 hosts it. Mirrors torch's env:// handler,
-    # but without waiting for workers in the constructor: the contract check below must
-    # run first, or a rank with a wrong WORLD_SIZE makes rank 0 wait for the full timeout.
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+def _under_torchrun_agent() -> bool:
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def _make_store(env: DistEnv, timeout: datetime.timedelta) -> tuple[Store, Store]:
+    """(this job's prefixed store, the raw TCPStore).
+
+    Under torchrun with the agent's store, that store already listens on MASTER_PORT and
+    every worker is a client; otherwise rank 0 hosts it. Mirrors torch's env:// handler, but
+    without waiting for workers in the constructor: the contract check must run first, or a
+    rank with a wrong WORLD_SIZE makes rank 0 wait for the full timeout.
+    """
+    agent = _under_torchrun_agent()
     store = TCPStore(
         env.master_addr,
         env.master_port,
@@ -171,7 +193,7 @@ def _make_store(env: DistEnv, timeout: datetime.timedelta) -> Store:
     )
     # torchrun restarts workers against the same agent store: keep each attempt's keys apart.
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return PrefixStore(f"{_STORE_PREFIX}/attempt_{attempt}", store)
+    return PrefixStore(f"{_STORE_PREFIX}/attempt_{attempt}", store), store
 
 
 def check_world_agreement(store: Store, env: DistEnv) -> None:
@@ -235,7 +257,7 @@ def setup(
         wait_for_master(env.master_addr, env.master_port, connect_timeout_s)
     # The contract check must not outlive the connect budget: a missing rank is a
     # start-up failure, not a 30-minute collective timeout.
-    store = _make_store(env, datetime.timedelta(seconds=max(connect_timeout_s, 1)))
+    store, raw_store = _make_store(env, datetime.timedelta(seconds=max(connect_timeout_s, 1)))
     check_world_agreement(store, env)
     store.set_timeout(datetime.timedelta(seconds=timeout_s))
     dist.init_process_group(
@@ -246,7 +268,9 @@ def setup(
         timeout=datetime.timedelta(seconds=timeout_s),
         device_id=device if backend == "nccl" else None,
     )
-    return DistContext(env=env, backend=backend, device=device)
+    # Only a client is kept: a master rank's own server must go with its process group.
+    agent_store = raw_store if _under_torchrun_agent() else None
+    return DistContext(env=env, backend=backend, device=device, agent_store=agent_store)
 
 
 def teardown() -> None:
@@ -254,16 +278,43 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-def finish(ctx: DistContext) -> None:
+def finish(ctx: DistContext, *, hold_timeout_s: float = 60) -> None:
     """Successful end: every rank meets (after rank 0's last I/O), then tears down.
 
     Without the meeting a rank that finished first exits while its peers still use the
-    connections, and gloo's threads can abort that process at interpreter exit. Only on
-    success: after a failure some rank may never arrive, so failure paths call `teardown`.
+    connections. Only on success: after a failure some rank may never arrive, so failure
+    paths call `teardown`. Under torchrun, node 0's processes then hold their agent back
+    (see `hold_agent_store`).
     """
     if dist.is_available() and dist.is_initialized():
         barrier(ctx)
     teardown()
+    if ctx.agent_store is not None and not hold_agent_store(ctx.agent_store, os.environ, timeout_s=hold_timeout_s):
+        log.warning("not every node's torchrun agent reached its exit barrier within %g s", hold_timeout_s)
+
+
+def hold_agent_store(store: Store, environ: Mapping[str, str], *, timeout_s: float, interval_s: float = 0.05) -> bool:
+    """On node 0 under torchrun: return once every other node's agent waits in torchrun's exit barrier.
+
+    Node 0's agent hosts the store that barrier runs on and exits as soon as the barrier
+    opens. When another agent is the last to arrive, it still has a request to make after
+    opening it, and if node 0's process is gone by then it logs "Error waiting on exit
+    barrier" with a C++ trace (pytorch/pytorch#69520). Node 0's agent arrives only after its
+    own workers exit, so a worker there that waits for the others makes node 0 arrive last:
+    the barrier then opens on the host itself. Bounded: a node that never arrives (it failed)
+    is the gang's business. True when every other agent arrived within `timeout_s`.
+    """
+    group_world = int(environ.get("GROUP_WORLD_SIZE", "1"))
+    if environ.get("GROUP_RANK") != "0" or group_world < 2:
+        return True
+    # The key torchrun's agents count themselves in: `_exit_barrier` on PrefixStore(run_id).
+    key = f"{environ.get('TORCHELASTIC_RUN_ID', 'none')}/{_TERMINAL_STATE_SYNC_ID}{_NUM_MEMBERS}"
+    deadline = time.monotonic() + timeout_s
+    while store.add(key, 0) < group_world - 1:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval_s)
+    return True
 
 
 @contextlib.contextmanager

@@ -6,10 +6,11 @@
         loader = lib.sharded_loader(dataset, batch_size=32, rank=ctx.rank, world_size=ctx.world_size)
         model = lib.DDP(net.to(ctx.device))
         ckpt = lib.Checkpointer(lib.checkpoint_dir("/tmp/ckpt"), rank=ctx.rank, world_size=ctx.world_size,
-                                generators=[loader.generator])
+                                generators=[loader.generator], every_steps=100)
         resumed = ckpt.load()                           # (path, state) or None; RNG restored per rank
         ...
-        ckpt.save(step, {"model": model.module.state_dict(), "step": step})
+        if ckpt.due(step):
+            ckpt.save(step, {"model": model.module.state_dict(), "step": step})
         lib.log0(ctx, "step", step=step, epoch=epoch, loss=loss)
 
 Every function here is collective where it says so and safe to call on every rank otherwise.

@@ -1,8 +1,8 @@
-"""The built-in training loop: load -> (resume) -> steps -> eval/checkpoint -> done.
+"""The built-in training loop: build -> load -> loop(step, log if due, save if due) -> evaluate -> done.
 
 Per-step cost over a hand-written DDP loop is kept to nothing measurable: the loss stays on
 the device and is summed across ranks only on log steps (one all_reduce that also carries
-rank 0's time-based save decision), and no `.item()` runs on other steps.
+rank 0's time-based save vote), and no `.item()` runs on other steps.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kubetrain.api.training import TrainConfig, TrainingSpec
 from kubetrain.trainer.checkpoint import Checkpointer
-from kubetrain.trainer.data import eval_loader, load_splits, sharded_loader
+from kubetrain.trainer.data import ShardedLoader, eval_loader, load_splits, sharded_loader
 from kubetrain.trainer.dist import DistContext
 from kubetrain.trainer.metrics import MetricsLogger, log
 from kubetrain.trainer.model import build_model
@@ -102,180 +103,253 @@ def build_optimizer(spec: TrainingSpec, params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=spec.learning_rate, weight_decay=spec.weight_decay)
 
 
-def train(config: TrainConfig, ctx: DistContext) -> dict[str, Any]:
-    """Train under an initialised process group; returns rank 0's final `done` fields."""
-    spec, ckpt_cfg = config.training, config.checkpoint
-    device = ctx.device
+@dataclass
+class TrainState:
+    """Where the run is; saved in every checkpoint (as top-level keys) and restored on resume."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # the epoch being trained
+    batch_in_epoch: int = 0  # micro-batches of this epoch already consumed
+
+    def state_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+
+
+class LogWindow:
+    """Loss and throughput since the last log record; `paused()` keeps saves and evals out of it."""
+
+    def __init__(self, device: torch.device, world_size: int, samples_per_step: int) -> None:
+        self.world_size = world_size
+        self.samples_per_step = samples_per_step
+        self.loss_sum = torch.zeros((), device=device)
+        self.steps = 0
+        self.start = time.perf_counter()
+        self.last_loss: float | None = None
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.loss_sum += loss
+        self.steps += 1
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        paused_at = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.start += time.perf_counter() - paused_at
+
+    def close(self, vote: bool) -> tuple[dict[str, float], bool]:
+        """One all_reduce of the loss sum and rank 0's vote: (step-record fields, agreed vote); then reset."""
+        packed = torch.stack([self.loss_sum, torch.tensor(float(vote), device=self.loss_sum.device)])
+        dist.all_reduce(packed)
+        summed, votes = packed.tolist()
+        elapsed = time.perf_counter() - self.start
+        self.last_loss = summed / self.world_size / self.steps
+        fields = {
+            "loss": self.last_loss,
+            "samples_per_s": self.steps * self.samples_per_step / elapsed,
+            "step_time_s": elapsed / self.steps,
+        }
+        self.loss_sum.zero_()
+        self.steps = 0
+        self.start = time.perf_counter()
+        return fields, votes > 0
+
+
+@dataclass
+class Run:
+    """What `build` makes of a configuration; the loop's functions take it instead of a dozen parameters."""
+
+    spec: TrainingSpec
+    ctx: DistContext
+    module: nn.Module  # the bare model: what is saved, loaded and evaluated
+    model: DDP
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    loader: ShardedLoader
+    test_loader: Any
+    checkpointer: Checkpointer
+    metrics: MetricsLogger
+    fingerprint: str
+    steps_per_epoch: int
+    total_steps: int
+
+    def state_dict(self, state: TrainState) -> dict[str, Any]:
+        return {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "fingerprint": self.fingerprint,
+            **state.state_dict(),
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> TrainState:
+        self.module.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        state = TrainState()
+        state.load_state_dict(saved)
+        return state
+
+
+def _steps(spec: TrainingSpec, batches: int) -> tuple[int, int]:
+    """(optimizer steps per epoch, total steps) for a shard of `batches` batches."""
+    accum = spec.grad_accum_steps
+    steps_per_epoch = batches // accum
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"each rank's shard has {batches} batches of {spec.batch_size}, fewer than gradAccumSteps={accum}: "
+            "lower batchSize or gradAccumSteps, or use more data"
+        )
+    total_steps = spec.epochs * steps_per_epoch
+    return steps_per_epoch, total_steps if spec.max_steps is None else min(total_steps, spec.max_steps)
+
+
+def build(config: TrainConfig, ctx: DistContext) -> Run:
+    """Data, model, optimizer, schedule, checkpointer and metrics of one run (nothing loaded yet)."""
+    spec, ckpt, device = config.training, config.checkpoint, ctx.device
     if spec.bf16 and device.type != "cuda":
         log.warning("bf16 autocast needs a GPU; training in float32")
-
     splits = load_splits(spec)
-    pin = device.type == "cuda"
+    rank, world, pin = ctx.rank, ctx.world_size, device.type == "cuda"
     loader = sharded_loader(
         splits.train,
         batch_size=spec.batch_size,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
+        rank=rank,
+        world_size=world,
         seed=spec.seed,
         drop_last=spec.drop_last,
         num_workers=spec.num_workers,
         pin_memory=pin,
     )
-    test_loader = eval_loader(
-        splits.test, batch_size=max(spec.batch_size, 256), rank=ctx.rank, world_size=ctx.world_size, pin_memory=pin
-    )
-    accum = spec.grad_accum_steps
-    steps_per_epoch = len(loader) // accum
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"each rank's shard has {len(loader)} batches of {spec.batch_size}, fewer than gradAccumSteps={accum}: "
-            "lower batchSize or gradAccumSteps, or use more data"
-        )
-    total_steps = spec.epochs * steps_per_epoch
-    if spec.max_steps is not None:
-        total_steps = min(total_steps, spec.max_steps)
-
+    eval_batch = max(spec.batch_size, 256)
+    test_loader = eval_loader(splits.test, batch_size=eval_batch, rank=rank, world_size=world, pin_memory=pin)
+    steps_per_epoch, total_steps = _steps(spec, len(loader))
     # Identical initial weights on every rank; then a per-rank stream for dropout.
     torch.manual_seed(spec.seed)
     module = build_model(spec, splits.input_shape, splits.num_classes).to(device)
-    torch.manual_seed(spec.seed + 1 + ctx.rank)
-    model = DDP(
-        module,
-        device_ids=[ctx.local_rank] if device.type == "cuda" else None,
-        gradient_as_bucket_view=True,
-    )
+    torch.manual_seed(spec.seed + 1 + rank)
+    model = DDP(module, device_ids=[ctx.local_rank] if device.type == "cuda" else None, gradient_as_bucket_view=True)
     optimizer = build_optimizer(spec, model.parameters())
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, cosine_schedule(total_steps) if spec.lr_schedule == "cosine" else (lambda _: 1.0)
-    )
+    schedule = cosine_schedule(total_steps) if spec.lr_schedule == "cosine" else (lambda _: 1.0)
     fingerprint = config.fingerprint()
     checkpointer = Checkpointer(
-        ckpt_cfg.dir,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        keep=ckpt_cfg.keep,
+        ckpt.dir,
+        rank=rank,
+        world_size=world,
+        keep=ckpt.keep,
         fingerprint=fingerprint,
         generators=[loader.generator],
+        every_steps=ckpt.every_steps,
+        every_seconds=ckpt.every_seconds,
     )
-    metrics = MetricsLogger(ctx.rank, ckpt_cfg.dir, total_steps=total_steps)
+    return Run(
+        spec=spec,
+        ctx=ctx,
+        module=module,
+        model=model,
+        optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, schedule),
+        loader=loader,
+        test_loader=test_loader,
+        checkpointer=checkpointer,
+        metrics=MetricsLogger(rank, ckpt.dir, total_steps=total_steps),
+        fingerprint=fingerprint,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+    )
+
+
+def load(run: Run) -> TrainState:
+    """The newest complete checkpoint's state (every rank's RNG restored with it), or a fresh one."""
+    loaded = run.checkpointer.load()
+    state = run.load_state_dict(loaded[1]) if loaded is not None else TrainState()
+    resumed_from = str(loaded[0]) if loaded is not None else None
+    world, backend = run.ctx.world_size, run.ctx.backend
+    fields = {"world_size": world, "backend": backend, "resumed_from": resumed_from}
+    run.metrics.emit("start", step=state.step, epoch=state.epoch, **fields)
+    if resumed_from is not None:
+        run.metrics.emit("resume", step=state.step, epoch=state.epoch, path=resumed_from)
+    return state
+
+
+def save(run: Run, state: TrainState) -> None:
+    path = run.checkpointer.save(state.step, run.state_dict(state))
+    if path is not None:
+        run.metrics.emit("checkpoint", step=state.step, epoch=state.epoch, path=str(path))
+
+
+def evaluate_and_log(run: Run, state: TrainState) -> float:
+    accuracy, eval_loss = evaluate(run.module, run.test_loader, run.ctx.device, bf16=run.spec.bf16)
+    run.metrics.emit("eval", step=state.step, epoch=state.epoch, accuracy=accuracy, eval_loss=eval_loss)
+    return accuracy
+
+
+def train_step(run: Run, micro_batches: Iterator[Batch], state: TrainState) -> torch.Tensor:
+    """One optimizer step over `gradAccumSteps` micro-batches; returns the loss as a device tensor."""
+    accum = run.spec.grad_accum_steps
+    loss = accumulate_gradients(run.model, micro_batches, accum, device=run.ctx.device, bf16=run.spec.bf16)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    state.batch_in_epoch += accum
+    return loss
+
+
+def log_if_due(run: Run, state: TrainState, window: LogWindow) -> bool:
+    """On log steps: the window's one collective and a step record. Returns the agreed time vote."""
+    if state.step % run.spec.log_every_steps != 0 and state.step != run.total_steps:
+        return False
+    fields, time_vote = window.close(run.checkpointer.time_vote())
+    run.metrics.emit("step", step=state.step, epoch=state.epoch, lr=run.scheduler.get_last_lr()[0], **fields)
+    return time_vote
+
+
+def train_epoch(run: Run, state: TrainState, window: LogWindow) -> bool:
+    """Train the current epoch on from `state.batch_in_epoch`; False when maxSteps ended it early."""
+    batches_per_epoch = run.steps_per_epoch * run.spec.grad_accum_steps
+    micro = run.loader.epoch(state.epoch, skip_batches=state.batch_in_epoch)
+    while state.batch_in_epoch < batches_per_epoch and state.step < run.total_steps:
+        window.add(train_step(run, micro, state))
+        time_vote = log_if_due(run, state, window)
+        # The epoch-end save covers a save due on an epoch's last step.
+        if state.batch_in_epoch < batches_per_epoch and run.checkpointer.due(state.step, time_vote=time_vote):
+            with window.paused():
+                save(run, state)
+    return state.batch_in_epoch == batches_per_epoch
+
+
+def loop(run: Run, state: TrainState, window: LogWindow) -> float | None:
+    """Epochs until the last one or maxSteps; each finished epoch is evaluated and saved. Returns the last accuracy."""
+    accuracy = None
+    while state.epoch < run.spec.epochs and state.step < run.total_steps:
+        if not train_epoch(run, state, window):
+            break
+        with window.paused():
+            accuracy = evaluate_and_log(run, state)
+            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+            save(run, state)
+    return accuracy
+
+
+def train(config: TrainConfig, ctx: DistContext) -> dict[str, Any]:
+    """Train under an initialised process group; returns rank 0's final `done` fields."""
+    run = build(config, ctx)
     try:
-        return _loop(
-            spec, ckpt_cfg, ctx, model, module, optimizer, scheduler, loader, test_loader, checkpointer, metrics,
-            steps_per_epoch, total_steps, fingerprint,
-        )  # fmt: skip
+        state = load(run)
+        spec = run.spec
+        window = LogWindow(ctx.device, ctx.world_size, spec.batch_size * spec.grad_accum_steps * ctx.world_size)
+        accuracy = loop(run, state, window)
+        if run.checkpointer.last_step != state.step:
+            save(run, state)
+        if accuracy is None or state.batch_in_epoch != 0:
+            accuracy = evaluate_and_log(run, state)
+        done = {"loss": window.last_loss, "accuracy": accuracy}
+        run.metrics.emit("done", step=state.step, epoch=state.epoch, **done)
+        return {"step": state.step, "epoch": state.epoch, "total_steps": run.total_steps, **done}
     finally:
-        metrics.close()
-
-
-def _loop(
-    spec: TrainingSpec,
-    ckpt_cfg: Any,
-    ctx: DistContext,
-    model: DDP,
-    module: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    loader: Any,
-    test_loader: Any,
-    checkpointer: Checkpointer,
-    metrics: MetricsLogger,
-    steps_per_epoch: int,
-    total_steps: int,
-    fingerprint: str,
-) -> dict[str, Any]:
-    device, accum, world = ctx.device, spec.grad_accum_steps, ctx.world_size
-    step = epoch = batch = 0  # optimizer steps done; current epoch; micro-batches done in it
-    loaded = checkpointer.load()
-    if loaded is not None:
-        _, state = loaded
-        module.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step, epoch, batch = state["step"], state["epoch"], state["batch_in_epoch"]
-    resumed_from = str(loaded[0]) if loaded else None
-    metrics.emit("start", step=step, epoch=epoch, world_size=world, backend=ctx.backend, resumed_from=resumed_from)
-    if loaded is not None:
-        metrics.emit("resume", step=step, epoch=epoch, path=resumed_from)
-
-    last_saved = step if loaded is not None else -1
-    last_save_time = time.monotonic()
-    last_loss: float | None = None
-    accuracy: float | None = None
-
-    def save() -> None:
-        nonlocal last_saved, last_save_time
-        state = {
-            "model": module.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "step": step,
-            "epoch": epoch,
-            "batch_in_epoch": batch,
-            "fingerprint": fingerprint,
-        }
-        path = checkpointer.save(step, state)
-        last_saved, last_save_time = step, time.monotonic()
-        if path is not None:
-            metrics.emit("checkpoint", step=step, epoch=epoch, path=str(path))
-
-    loss_sum = torch.zeros((), device=device)
-    window_steps = 0
-    window_start = time.perf_counter()
-    batches_per_epoch = steps_per_epoch * accum
-    samples_per_step = spec.batch_size * accum * world
-    while epoch < spec.epochs and step < total_steps:
-        micro = loader.epoch(epoch, skip_batches=batch)
-        while batch < batches_per_epoch and step < total_steps:
-            loss_sum += accumulate_gradients(model, micro, accum, device=device, bf16=spec.bf16)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            batch += accum
-            window_steps += 1
-            time_save = False
-            if step % spec.log_every_steps == 0 or step == total_steps:
-                # One collective per log window: the loss sum, plus rank 0's "time to save".
-                due = ctx.rank == 0 and ckpt_cfg.every_seconds is not None
-                due = due and time.monotonic() - last_save_time >= ckpt_cfg.every_seconds
-                packed = torch.stack([loss_sum, torch.tensor(float(due), device=device)])
-                dist.all_reduce(packed)
-                summed, flag = packed.tolist()
-                elapsed = time.perf_counter() - window_start
-                last_loss = summed / world / window_steps
-                metrics.emit(
-                    "step",
-                    step=step,
-                    epoch=epoch,
-                    loss=last_loss,
-                    lr=scheduler.get_last_lr()[0],
-                    samples_per_s=window_steps * samples_per_step / elapsed,
-                    step_time_s=elapsed / window_steps,
-                )
-                time_save = flag > 0
-                loss_sum.zero_()
-                window_steps = 0
-                window_start = time.perf_counter()
-            every = ckpt_cfg.every_steps
-            # The epoch-end save covers a save due on an epoch's last step.
-            if batch < batches_per_epoch and ((every is not None and step % every == 0) or time_save):
-                paused = time.perf_counter()
-                save()
-                window_start += time.perf_counter() - paused
-        del micro
-        if batch < batches_per_epoch:
-            break  # maxSteps reached inside the epoch
-        paused = time.perf_counter()
-        accuracy, eval_loss = evaluate(module, test_loader, device, bf16=spec.bf16)
-        metrics.emit("eval", step=step, epoch=epoch, accuracy=accuracy, eval_loss=eval_loss)
-        epoch, batch = epoch + 1, 0
-        save()
-        window_start += time.perf_counter() - paused
-    if last_saved != step:
-        save()
-    if accuracy is None or batch != 0:
-        accuracy, eval_loss = evaluate(module, test_loader, device, bf16=spec.bf16)
-        metrics.emit("eval", step=step, epoch=epoch, accuracy=accuracy, eval_loss=eval_loss)
-    done = {"loss": last_loss, "accuracy": accuracy}
-    metrics.emit("done", step=step, epoch=epoch, **done)
-    return {"step": step, "epoch": epoch, "total_steps": total_steps, **done}
+        run.metrics.close()

@@ -35,6 +35,13 @@ CASES: list[tuple[str, str | None, Any, list[str], str]] = [
     ("gpus-negative", "spec.gpusPerNode", -1, [], "spec.gpusPerNode"),
     ("reserved-env", "spec.env", [{"name": "MASTER_ADDR", "value": "x"}], [], "'MASTER_ADDR' is reserved"),
     ("reserved-prefix", "spec.env", [{"name": "KUBETRAIN_FOO", "value": "x"}], [], "'KUBETRAIN_FOO' is reserved"),
+    (
+        "reserved-checkpoint-dir",
+        "spec.env",
+        [{"name": "KUBETRAIN_CHECKPOINT_DIR", "value": "/elsewhere"}],
+        [],
+        "'KUBETRAIN_CHECKPOINT_DIR' is reserved",
+    ),
     ("nccl-on-cpu", "spec.backend", "nccl", [], "backend"),
     ("bad-name", "metadata.name", "Digits_CPU", [], "metadata.name"),
     ("override-nodes-zero", None, None, ["--nodes", "0"], "spec.nodes"),
@@ -48,6 +55,7 @@ CASES: list[tuple[str, str | None, Any, list[str], str]] = [
     ),
     ("command-missing", "spec.command", ["no-such-program-kt"], [], "spec.command: 'no-such-program-kt' not found"),
     ("too-many-gpus", None, None, ["--gpus-per-node", "16"], "spec.gpusPerNode"),
+    ("suspended", "spec.runPolicy", {"suspend": True}, [], "spec.runPolicy.suspend"),
 ]
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 from support.jobs import fake_job, write_job
-from support.local_runs import KUBETRAIN, alive, start_run, summary
+from support.local_runs import KUBETRAIN, alive, finish_run, start_run, summary
 from support.waiting import wait_for
 
 
@@ -23,17 +23,11 @@ def running(pid: int) -> bool:
         return False
 
 
-def run(job_file: Path, run_dir: Path) -> subprocess.CompletedProcess[str]:
-    proc = start_run(job_file, run_dir)
-    out, _ = proc.communicate(timeout=120)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
-
-
 def test_a_failing_node_restarts_the_gang_until_max_restarts(tmp_path: Path) -> None:
     # Node 1 fails at once; node 0 would run for a minute, so each failure must stop it.
     script = "import os, sys, time\nif os.environ['NODE_RANK'] == '1': sys.exit(3)\ntime.sleep(60)"
     job = fake_job(script, runPolicy={"maxRestarts": 2})
-    done = run(write_job(tmp_path, job), tmp_path / "run")
+    done = finish_run(write_job(tmp_path, job), tmp_path / "run")
     assert done.returncode == 1, done.stdout
     result = summary(tmp_path / "run")
     assert (result["reason"], result["restarts"], result["attempts"]) == ("BackoffLimitExceeded", 2, 3)
@@ -41,7 +35,7 @@ def test_a_failing_node_restarts_the_gang_until_max_restarts(tmp_path: Path) -> 
     assert [f["exitCode"] for f in result["failures"]] == [3, 3, 3]
     assert result["nodeExitCodes"] == [-signal.SIGTERM, 3]
     assert (tmp_path / "run" / "node-0.log").read_text().count("=== kubetrain: attempt") == 3
-    assert "gang restart 2/2" in done.stdout
+    assert "(restart 2 of 2)" in done.stdout
 
 
 def test_a_node_that_fails_once_is_restarted_and_the_run_succeeds(tmp_path: Path) -> None:
@@ -56,7 +50,7 @@ def test_a_node_that_fails_once_is_restarted_and_the_run_succeeds(tmp_path: Path
         print('attempt ok', os.environ['NODE_RANK'])
         """
     )
-    done = run(write_job(tmp_path, fake_job(script)), tmp_path / "run")
+    done = finish_run(write_job(tmp_path, fake_job(script)), tmp_path / "run")
     assert done.returncode == 0, done.stdout
     result = summary(tmp_path / "run")
     assert (result["outcome"], result["restarts"], result["nodeExitCodes"]) == ("Succeeded", 1, [0, 0])
@@ -119,7 +113,7 @@ def test_a_successful_run_leaves_no_process_behind(tmp_path: Path) -> None:
         print('child', child.pid, flush=True)
         """
     )
-    done = run(write_job(tmp_path, fake_job(script)), tmp_path / "run")
+    done = finish_run(write_job(tmp_path, fake_job(script)), tmp_path / "run")
     assert done.returncode == 0, done.stdout
     children = [int(line.split()[-1]) for line in done.stdout.splitlines() if "] child " in line]
     assert len(children) == 2, done.stdout

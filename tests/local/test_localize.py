@@ -34,6 +34,7 @@ def test_only_the_rewrite_table_differs_from_the_rendered_pods(tmp_path: Path) -
             "MASTER_PORT",
             "PET_MASTER_PORT",
             CONFIG_ENV,
+            "KUBETRAIN_CHECKPOINT_DIR",
             "CUDA_VISIBLE_DEVICES",
             "OMP_NUM_THREADS",
             "PYTHONUNBUFFERED",
@@ -43,7 +44,9 @@ def test_only_the_rewrite_table_differs_from_the_rendered_pods(tmp_path: Path) -
         assert node.env["MASTER_PORT"] == node.env["PET_MASTER_PORT"] == "41234"
         assert node.env["CUDA_VISIBLE_DEVICES"] == ""
         config, cluster_config = (TrainConfig.model_validate_json(e[CONFIG_ENV]) for e in (node.env, cluster))
-        assert config.checkpoint.dir == str((tmp_path / "run" / "checkpoints").resolve())
+        local_dir = str((tmp_path / "run" / "checkpoints").resolve())
+        assert config.checkpoint.dir == node.env["KUBETRAIN_CHECKPOINT_DIR"] == local_dir
+        assert cluster["KUBETRAIN_CHECKPOINT_DIR"] == cluster_config.checkpoint.dir
         assert config.model_copy(update={"checkpoint": cluster_config.checkpoint}) == cluster_config
 
 

@@ -61,6 +61,11 @@ def test_done_means_100_percent() -> None:
     assert progress is not None and progress.percent == 100 and progress.step == 200
 
 
+def test_the_done_records_loss_is_the_final_loss() -> None:
+    progress, _ = parse("\n".join([line("step", step=190, loss=0.5), line("done", step=200, loss=0.25)]))
+    assert progress is not None and progress.loss == 0.25
+
+
 @pytest.mark.parametrize(
     "text",
     ["", "plain text only\n", line("step", step=-1, loss="nan"), '{"event":"step","loss":NaN}', "[1,2]"],

@@ -77,7 +77,9 @@ def test_pod_env_contract_exact() -> None:
         {"name": "RANK", "value": "2"},
         {"name": "LOCAL_RANK", "value": "0"},
         {"name": "LOCAL_WORLD_SIZE", "value": "1"},
+        {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
         {"name": "KUBETRAIN_CONFIG", "value": j.spec.trainer_config().to_env_value()},
+        {"name": "KUBETRAIN_CHECKPOINT_DIR", "value": "/checkpoints"},
         {"name": "FOO", "value": "bar"},
     ]
     # The config round-trips into the trainer's model unchanged.
@@ -98,6 +100,13 @@ def test_env_table(spec: dict[str, Any], expected: dict[str, str | None]) -> Non
     env = env_of(render_pod(job(**spec), "ns", UID, 0, 0))
     for name, value in expected.items():
         assert env.get(name) == value, name
+
+
+def test_user_env_overrides_a_default_without_a_duplicate() -> None:
+    j = job(env=[{"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "3"}])
+    names = [e["name"] for e in render_pod(j, "ns", UID, 0, 0)["spec"]["containers"][0]["env"]]
+    assert names.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 1
+    assert env_of(render_pod(j, "ns", UID, 0, 0))["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
 
 
 def test_user_env_value_from_passes_through() -> None:

@@ -550,6 +550,24 @@ def test_stalled_clears_when_progress_resumes() -> None:
     assert cond(d, "Stalled") == ("False", "ProgressResumed") and "step 7" in message_of(d, "Stalled")
 
 
+def test_progress_in_the_second_the_attempt_started_running_is_named() -> None:
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60})  # Running since T0
+    d = step(progressed(job, T0, 3), pods, T0 + timedelta(seconds=60))
+    assert "last progress: step 3 at 2026-01-01T12:00:00Z" in message_of(d, "Stalled")
+
+
+def test_a_stalled_attempt_that_finishes_in_one_pass_is_no_longer_stalled() -> None:
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60})
+    job = advance(job, step(job, pods, T0 + timedelta(seconds=60)))
+    job = advance(job, step(job, [], T0 + timedelta(seconds=70)))
+    fresh = [pod_view(job, r, attempt=1, phase="Running") for r in range(3)]
+    job = advance(job, step(job, fresh, T0 + timedelta(seconds=80)))
+    done = [pod_view(job, r, attempt=1, phase="Succeeded", exit_code=0) for r in range(3)]
+    d = step(progressed(job, T0 + timedelta(seconds=90), 100), done, T0 + timedelta(seconds=91))
+    assert cond(d, "Succeeded") == ("True", "AllNodesSucceeded")
+    assert cond(d, "Stalled") == ("False", "ProgressResumed")
+
+
 @pytest.mark.parametrize(
     ("rule", "phase", "counts"),
     [

@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kubetrain.api.models import TrainingJobStatus
+from kubetrain.api.records import parse_record
+
 ROOT = Path(__file__).resolve().parents[2]
 KUBETRAIN = str(Path(sys.executable).parent / "kubetrain")
 DIGITS_CPU = ROOT / "examples" / "digits-cpu.yaml"
@@ -26,6 +29,18 @@ def start_run(job_file: Path, run_dir: Path, *args: str, cwd: Path | None = None
     )
 
 
+def finish_run(job_file: Path, run_dir: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """`kubetrain run --local` to its end: the exit code and the merged output (as stdout)."""
+    proc = start_run(job_file, run_dir)
+    out, _ = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+def run_status(run_dir: Path) -> TrainingJobStatus:
+    """A run's status.json, validated by the model of the cluster's `.status`."""
+    return TrainingJobStatus.model_validate(json.loads((run_dir / "status.json").read_text()))
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [KUBETRAIN, *args], cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout, check=False
@@ -36,13 +51,7 @@ def records(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "checkpoints" / "metrics.jsonl"
     if not path.exists():
         return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return [record for line in path.read_text().splitlines() if (record := parse_record(line)) is not None]
 
 
 def summary(run_dir: Path) -> dict[str, Any]:

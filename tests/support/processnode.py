@@ -27,7 +27,6 @@ import base64
 import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -39,12 +38,16 @@ from typing import Any
 
 from kubernetes import client
 
+from kubetrain.local.localize import expand
+from kubetrain.local.processes import ProcessTree, note_groups, stop, subreaper
+
 from .kubelet import node_manifest as _node_manifest
 from .kubelet import now
 
 IN_CLUSTER_HOST = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?\.svc(\.[a-z0-9.-]+)?$")
 HEARTBEAT_S = 10.0
 POLL_S = 0.2
+NOTE_GROUPS_EVERY_S = 1.0
 TERMINATION_LOG_LINES = 40
 
 
@@ -56,7 +59,7 @@ class _Pod:
     workdir: Path
     grace: float
     fallback_to_logs: dict[str, bool]
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    procs: dict[str, ProcessTree] = field(default_factory=dict)
     started: str = ""
     phase: str = "Pending"
     stopping: bool = False
@@ -83,6 +86,8 @@ class ProcessNode:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"process-node-{node_name}", daemon=True)
         self._last_heartbeat = 0.0
+        self._groups_noted = 0.0
+        self._cleanup = contextlib.ExitStack()
 
     # --- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> ProcessNode:
@@ -94,6 +99,8 @@ class ProcessNode:
 
     def start(self) -> None:
         self._register()
+        # Workers orphaned by a killed torchrun come back to this process, where stop() finds them.
+        self._cleanup.enter_context(subreaper())
         self._thread.start()
 
     def stop(self) -> None:
@@ -103,6 +110,7 @@ class ProcessNode:
             self._thread.join(timeout=30)
         for pod in self.pods.values():
             self._kill(pod, grace=2)
+        self._cleanup.close()
         self.api.close()
 
     def logs(self, namespace: str, name: str, container: str | None = None) -> str:
@@ -141,6 +149,10 @@ class ProcessNode:
                     self._heartbeat()
                 for namespace in self.namespaces:
                     self._sync(namespace)
+                if time.monotonic() - self._groups_noted > NOTE_GROUPS_EVERY_S:
+                    # While torchrun lives: afterwards its workers are no longer its descendants.
+                    note_groups([tree for pod in self.pods.values() for tree in pod.procs.values()])
+                    self._groups_noted = time.monotonic()
             except Exception as exc:  # a test reads these; the loop must outlive one bad pod
                 self.errors.append(f"{type(exc).__name__}: {exc}")
             self._stop.wait(POLL_S)
@@ -211,7 +223,7 @@ class ProcessNode:
         state.started = now()
         mounts = self._volume_dirs(pod, pod_dir)
         for init in pod.spec.init_containers or []:
-            code = self._spawn(pod, init, mounts, state).wait()
+            code = self._spawn(pod, init, mounts, state).proc.wait()
             if code != 0:
                 state.phase = "Failed"
                 self._report(state, init_failed=(init.name, code))
@@ -259,7 +271,7 @@ class ProcessNode:
                 env.update({prefix + k: base64.b64decode(v).decode() for k, v in data.items()})
         for var in container.env or []:
             if var.value_from is None:
-                env[var.name] = _expand(var.value or "", env)
+                env[var.name] = expand(var.value or "", env)
             else:
                 env[var.name] = self._value_from(pod, var.value_from)
         env = {k: self._rewrite(v, mounts) for k, v in env.items()}
@@ -296,46 +308,31 @@ class ProcessNode:
             return "1"
         raise ValueError(f"{pod.metadata.name}: unsupported valueFrom {source}")
 
-    def _spawn(self, pod: Any, container: Any, mounts: dict[str, Path], state: _Pod) -> subprocess.Popen[bytes]:
+    def _spawn(self, pod: Any, container: Any, mounts: dict[str, Path], state: _Pod) -> ProcessTree:
         env = self._env(pod, container, mounts)
-        argv = [_expand(a, env) for a in [*(container.command or []), *(container.args or [])]]
+        argv = [expand(a, env) for a in [*(container.command or []), *(container.args or [])]]
         if not argv:
             raise ValueError(f"{pod.metadata.name}/{container.name}: no command; a process node cannot run an image")
         argv = [self._rewrite(a, mounts) for a in argv]
         cwd = Path(self._rewrite(container.working_dir, mounts)) if container.working_dir else state.workdir
         cwd.mkdir(parents=True, exist_ok=True)
         with (state.workdir / f"{container.name}.log").open("ab") as log:
-            proc = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # so that stopping a pod reaches torchrun's workers too
+            tree = ProcessTree.start(
+                argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
             )
-        state.procs[container.name] = proc
-        return proc
+        state.procs[container.name] = tree
+        return tree
 
     def _reap(self, state: _Pod) -> None:
-        if any(proc.poll() is None for proc in state.procs.values()):
+        if any(tree.running() for tree in state.procs.values()):
             return
-        state.phase = "Succeeded" if all(p.returncode == 0 for p in state.procs.values()) else "Failed"
+        state.phase = "Succeeded" if all(t.proc.returncode == 0 for t in state.procs.values()) else "Failed"
         self._report(state)
 
     def _kill(self, state: _Pod, grace: float) -> None:
-        live = [p for p in state.procs.values() if p.poll() is None]
-        for proc in live:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for proc in live:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        """As a kubelet stops a pod: SIGTERM, SIGKILL after the grace period; torchrun's workers
+        (in sessions of their own) go too."""
+        stop(list(state.procs.values()), grace)
         state.phase = "Stopped"
 
     # --- status --------------------------------------------------------------------------
@@ -363,14 +360,14 @@ class ProcessNode:
         images = {c.name: c.image for c in [*(pod.spec.init_containers or []), *pod.spec.containers]}
         statuses = []
         for c in pod.spec.containers:
-            proc = state.procs.get(c.name)
-            if proc is None:
+            tree = state.procs.get(c.name)
+            if tree is None:
                 waiting = {"waiting": {"reason": "PodInitializing"}}
                 statuses.append(
                     {"name": c.name, "image": images[c.name], "ready": False, "restartCount": 0, "state": waiting}
                 )
             else:
-                statuses.append({**self._container_status(state, c.name, proc), "image": images[c.name]})
+                statuses.append({**self._container_status(state, c.name, tree.proc), "image": images[c.name]})
         running = state.phase == "Running"
         flag = "True" if running else "False"
         stamp = now()
@@ -395,14 +392,3 @@ class ProcessNode:
         if init_failed:
             status["message"] = f"init container {init_failed[0]} exited with {init_failed[1]}"
         self.core.patch_namespaced_pod_status(state.name, state.namespace, {"status": status})
-
-
-def _expand(value: str, env: dict[str, str]) -> str:
-    """Kubernetes' $(VAR) expansion ($$ escapes), for env values, command and args."""
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", lambda m: _lookup(m, env), value)
-
-
-def _lookup(match: re.Match[str], env: dict[str, str]) -> str:
-    if match.group(0) == "$$":
-        return "$"
-    return env.get(match.group(1), match.group(0))

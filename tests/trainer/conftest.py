@@ -1,146 +1,25 @@
-"""Helpers for the trainer tests: launch real processes with the operator's env contract.
-
-Each rank is a separate `python` process on 127.0.0.1 with exactly the variables a
-one-process pod gets (kubetrain.api.contract.rendezvous_env), one thread each: the
-machine is small and shared.
-"""
+"""Fixtures of the trainer's multi-process tests; the launcher itself is support.trainer_runs."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from support.trainer_runs import Launcher, digits_config
 
-from kubetrain.api import contract
-from kubetrain.api.contract import free_port
-from kubetrain.api.training import CONFIG_ENV, TrainConfig
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-PYTHON = sys.executable
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
-
-
-def base_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in contract.RESERVED_ENV and not k.startswith("PET_")}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return env
-
-
-@dataclass
-class Gang:
-    """The processes of one launch, killed (by process group) if a test leaves them running."""
-
-    procs: list[subprocess.Popen[str]] = field(default_factory=list)
-
-    def wait(self, timeout: float = 180) -> list[tuple[int, str, str]]:
-        """(returncode, stdout, stderr) per rank; every rank is reaped even if one times out."""
-        deadline = time.monotonic() + timeout
-        results = []
-        for proc in self.procs:
-            try:
-                out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
-            except subprocess.TimeoutExpired:
-                self.kill()
-                out, err = proc.communicate()
-                err += f"\n[test] killed after {timeout} s"
-            results.append((proc.returncode, out, err))
-        return results
-
-    def kill(self) -> None:
-        # Each launch is its own process group (start_new_session): killing the group also
-        # ends the workers of a torchrun, which killing torchrun's PID alone would orphan.
-        for proc in self.procs:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
-
-def spawn(command: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
-    """One launch in a session of its own, so cleanup can kill torchrun's workers with it."""
-    return subprocess.Popen(
-        command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-
-
-def records(stdout: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
-
-
-class Launcher:
-    def __init__(self) -> None:
-        self.gangs: list[Gang] = []
-
-    def ranks(
-        self,
-        world: int,
-        args: Sequence[str],
-        *,
-        config: TrainConfig | None = None,
-        env_override: dict[int, dict[str, str]] | None = None,
-        cwd: Path = ROOT,
-    ) -> Gang:
-        """`python <args>` once per rank, each as a one-process pod of a `world`-node job."""
-        port = free_port()
-        gang = Gang()
-        for rank in range(world):
-            env = base_env()
-            env.update(
-                contract.rendezvous_env(
-                    master_addr="127.0.0.1", master_port=port, nnodes=world, node_rank=rank, nproc_per_node=1
-                )
-            )
-            if config is not None:
-                env[CONFIG_ENV] = config.to_env_value()
-            env.update((env_override or {}).get(rank, {}))
-            gang.procs.append(spawn([PYTHON, *args], env, cwd))
-        self.gangs.append(gang)
-        return gang
-
-    def torchrun(self, nproc: int, args: Sequence[str], *, config: TrainConfig | None = None) -> Gang:
-        """One pod with `nproc` processes: a bare torchrun configured only by the PET_* mirror."""
-        env = base_env()
-        env.update(
-            contract.rendezvous_env(
-                master_addr="127.0.0.1", master_port=free_port(), nnodes=1, node_rank=0, nproc_per_node=nproc
-            )
-        )
-        if config is not None:
-            env[CONFIG_ENV] = config.to_env_value()
-        gang = Gang([spawn([TORCHRUN, *args], env, ROOT)])
-        self.gangs.append(gang)
-        return gang
-
-    def cleanup(self) -> None:
-        for gang in self.gangs:
-            gang.kill()
-            for proc in gang.procs:
-                proc.wait(10)
+from kubetrain.local.processes import subreaper
 
 
 @pytest.fixture
 def launcher() -> Iterator[Launcher]:
     launch = Launcher()
-    try:
-        yield launch
-    finally:
-        launch.cleanup()
-
-
-def digits_config(directory: Path, **training: Any) -> TrainConfig:
-    spec = {"epochs": 6, "batchSize": 16, "learningRate": 0.004, "seed": 3, "logEverySteps": 10, **training}
-    return TrainConfig.model_validate(
-        {"backend": "gloo", "training": spec, "checkpoint": {"dir": str(directory), "keep": 2}}
-    )
+    # Workers orphaned by a dead torchrun are re-parented to the test process, where cleanup finds them.
+    with subreaper():
+        try:
+            yield launch
+        finally:
+            launch.cleanup()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ROOT, Launcher, records
+from support.trainer_runs import ROOT, Launcher, records
 
 from kubetrain.trainer.checkpoint import Checkpointer, complete_checkpoints, latest_checkpoint, read_checkpoint
 
@@ -69,6 +69,8 @@ def test_shards_disjoint_and_accumulation_matches_big_batch(world: int, launcher
         orders.append(everyone[0])
     assert orders[0] != orders[1], "set_epoch must reshuffle"
 
+    # DDP was used: its process group still ended with destroy_process_group (see dist.py).
+    assert result["threads_after_teardown"] == ["python"]
     for rank, acc in enumerate(result["accumulation"]):
         assert acc["max_abs_diff"] < 1e-6, (rank, acc)
         # no_sync held for the 3 non-final micro-steps: only the last one all-reduced.

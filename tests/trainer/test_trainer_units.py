@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import base_env, free_port
+from support.trainer_runs import base_env, free_port
 
 from kubetrain.api import contract
 from kubetrain.api.training import TrainingSpec
@@ -27,7 +27,7 @@ from kubetrain.trainer.checkpoint import (
     write_checkpoint,
 )
 from kubetrain.trainer.data import load_splits, sharded_loader
-from kubetrain.trainer.dist import ContractError, MasterUnreachableError, read_env, wait_for_master
+from kubetrain.trainer.dist import ContractError, MasterUnreachableError, hold_agent_store, read_env, wait_for_master
 from kubetrain.trainer.metrics import MetricsLogger
 from kubetrain.trainer.model import build_model
 
@@ -96,6 +96,36 @@ def test_connect_retry_returns_once_master_listens() -> None:
         server.bind(("127.0.0.1", 0))
         server.listen()
         assert wait_for_master("127.0.0.1", server.getsockname()[1], 2) < 2
+
+
+@pytest.mark.parametrize(
+    ("environ", "others_arrived", "held_until_arrival"),
+    [
+        # Node 0 of 3 waits for the 2 other agents, counted under torchrun's run id.
+        ({"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "3", "TORCHELASTIC_RUN_ID": "job"}, 2, True),
+        ({"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "3", "TORCHELASTIC_RUN_ID": "job"}, 1, False),
+        ({"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "2"}, 1, True),  # torchrun's default run id "none"
+        # Only node 0 hosts the store; a one-node job has no peer to wait for.
+        ({"GROUP_RANK": "1", "GROUP_WORLD_SIZE": "3", "TORCHELASTIC_RUN_ID": "job"}, 0, None),
+        ({"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1"}, 0, None),
+    ],
+)
+def test_node0_holds_its_agent_until_the_others_wait_in_the_exit_barrier(
+    environ: dict[str, str], others_arrived: int, held_until_arrival: bool | None
+) -> None:
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    store = TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    key = f"{environ.get('TORCHELASTIC_RUN_ID', 'none')}/torchelastic/agent/terminal_state/num_members"
+    store.add(key, others_arrived)
+    start = time.monotonic()
+    held = hold_agent_store(store, environ, timeout_s=0.3, interval_s=0.01)
+    waited = time.monotonic() - start
+    if held_until_arrival is None:  # nothing to wait for
+        assert held and waited < 0.2
+    else:
+        assert held is held_until_arrival
+        assert (waited >= 0.3) is (not held_until_arrival)
 
 
 # --- data and models ------------------------------------------------------------------------
@@ -206,6 +236,77 @@ def test_single_rank_checkpointer_restores_rng_and_refuses_other_fingerprint(tmp
         path, json.loads((path / "meta.json").read_text())
     )
     assert message is not None and "written by 1 processes and this run has 2" in message
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("rank", "every_steps", "every_seconds", "elapsed_s", "step", "agreed_vote", "vote", "due"),
+    [
+        (0, 10, None, 0, 20, False, False, True),  # on the step cadence
+        (0, 10, None, 0, 25, False, False, False),
+        (0, None, 60, 59, 25, False, False, False),  # rank 0's clock: not yet
+        (0, None, 60, 60, 25, False, True, False),  # rank 0 votes; only the agreed vote saves
+        (0, None, 60, 60, 25, True, True, True),
+        (1, None, 60, 600, 25, True, False, True),  # others never vote, but follow the agreed vote
+        (0, None, None, 600, 25, False, False, False),  # no cadence: only the loop's own saves
+    ],
+)
+def test_checkpointer_owns_when_a_save_is_due(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    rank: int,
+    every_steps: int | None,
+    every_seconds: int | None,
+    elapsed_s: float,
+    step: int,
+    agreed_vote: bool,
+    vote: bool,
+    due: bool,
+) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr("kubetrain.trainer.checkpoint.time.monotonic", clock)
+    ckpt = Checkpointer(tmp_path, rank=rank, world_size=1, every_steps=every_steps, every_seconds=every_seconds)
+    clock.now += elapsed_s
+    assert ckpt.time_vote() is vote
+    assert ckpt.due(step, time_vote=agreed_vote) is due
+
+
+def test_a_saved_or_resumed_step_is_not_due_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr("kubetrain.trainer.checkpoint.time.monotonic", clock)
+    ckpt = Checkpointer(tmp_path, rank=0, world_size=1, every_steps=10, every_seconds=60)
+    clock.now += 60
+    ckpt.save(20, {"step": 20})
+    assert ckpt.last_step == 20 and not ckpt.time_vote(), "a save restarts the clock"
+    assert not ckpt.due(20, time_vote=True)
+    resumed = Checkpointer(tmp_path, rank=0, world_size=1, every_steps=10)
+    assert resumed.last_step is None
+    resumed.load()
+    assert resumed.last_step == 20 and not resumed.due(20)
+
+
+def test_log_window_does_not_count_paused_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubetrain.trainer.train import LogWindow
+
+    clock = FakeClock()
+    monkeypatch.setattr("kubetrain.trainer.train.time.perf_counter", clock)
+    window = LogWindow(torch.device("cpu"), world_size=1, samples_per_step=32)
+    clock.now += 2.0  # two steps of 1 s
+    window.add(torch.tensor(1.0))
+    window.add(torch.tensor(3.0))
+    with window.paused():
+        clock.now += 30.0  # a checkpoint and an eval
+    monkeypatch.setattr("kubetrain.trainer.train.dist.all_reduce", lambda tensor: None)  # a world of one
+    fields, vote = window.close(True)
+    assert fields == {"loss": 2.0, "samples_per_s": 32.0, "step_time_s": 1.0}
+    assert vote is True and window.last_loss == 2.0 and window.steps == 0
 
 
 # --- metrics --------------------------------------------------------------------------------

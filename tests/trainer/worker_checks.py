@@ -5,6 +5,9 @@ pieces: dist.distributed, data.sharded_loader on the digits training split, accu
 """
 
 import json
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,17 +65,25 @@ def accumulation_check(rank: int, k: int = 4, batch: int = 8) -> dict[str, Any]:
     return {"max_abs_diff": max_diff, "accumulated_allreduce_calls": accumulated_calls, "big_batch_calls": calls[0]}
 
 
+def threads() -> list[str]:
+    """Names of this process's threads (gloo's are gloo_tcp_loop/pt_gloo_runloop, the store's pt_tcpstore_uv)."""
+    return sorted(Path(f"/proc/self/task/{tid}/comm").read_text().strip() for tid in os.listdir("/proc/self/task"))
+
+
 def main() -> None:
     torch.set_num_threads(1)
-    # On success the ranks meet before tearing down (as the trainer does): a rank that exits
-    # while its peers still hold gloo connections can abort at interpreter exit.
+    # On success the ranks meet before tearing down (as the trainer does), with DDP used.
     with kdist.distributed("gloo", timeout_s=60, connect_timeout_s=60) as ctx:
         result = {"shards": shard_check(ctx.rank, ctx.world_size), "accumulation": accumulation_check(ctx.rank)}
         diffs: list[Any] = [None] * ctx.world_size
         dist.all_gather_object(diffs, result["accumulation"])
         result["accumulation"] = diffs
-        if ctx.rank == 0:
-            print(json.dumps(result))
+    # Teardown left nothing of c10d running into interpreter shutdown (every rank checks itself).
+    result["threads_after_teardown"] = threads()
+    if result["threads_after_teardown"] != ["python"]:
+        sys.exit(f"rank {ctx.rank}: threads still running after teardown: {result['threads_after_teardown']}")
+    if ctx.rank == 0:
+        print(json.dumps(result))
 
 
 if __name__ == "__main__":
