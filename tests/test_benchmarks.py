@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.controlplane import ControlPlane
+from support.controlplane import ControlPlane, cache_dir, pinned
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,8 +38,44 @@ def test_operator_latency_benchmark_runs(control_plane: ControlPlane, tmp_path: 
         "operator_latency.py", tmp_path / "latency.json", "--jobs", "2", "--nodes", "2", "--repeat", "1"
     )
     (run,) = result["runs"]
-    assert run["latency_s"]["p50"] > 0 and run["api_writes_per_job"] > 0
-    assert len(result["summary"]["p50_s_per_run"]) == 1
+    assert run["operator"] == "kubetrain" and run["children_per_job"] == 3
+    assert run["latency_s"]["p50"] > 0 and run["api_writes_per_job"] > 0 and run["operator_cpu_s"] > 0
+    assert result["summary"]["by_operator"]["kubetrain"]["per_run"]["p50_s"] == [run["latency_s"]["p50"]]
+
+
+@pytest.mark.cluster
+def test_operator_latency_kubeflow_peer_runs(control_plane: ControlPlane, tmp_path: Path) -> None:
+    built = cache_dir() / f"kubeflow-training-operator-{pinned('KUBEFLOW_VERSION')}" / ".complete"
+    if not built.exists():
+        pytest.skip(f"{built} missing: run tests/cluster/install.sh")
+    result = run_benchmark(
+        "operator_latency.py",
+        tmp_path / "peer.json",
+        "--jobs",
+        "2",
+        "--nodes",
+        "2",
+        "--repeat",
+        "1",
+        "--peer",
+        "kubeflow",
+    )
+    runs = {run["operator"]: run for run in result["runs"]}
+    assert sorted(runs) == ["kubeflow", "kubeflow-tuned", "kubetrain"]
+    # Kubeflow: a pod and a Service per replica (Master 1 + Worker 1).
+    assert runs["kubeflow"]["children_per_job"] == 4 and runs["kubeflow"]["api_writes_per_job"] > 0
+    ratios = result["summary"]["ratios"]
+    assert sorted(ratios) == ["kubetrain/kubeflow", "kubetrain/kubeflow-tuned"]
+    assert ratios["kubetrain/kubeflow-tuned"]["p50_s"] > 0
+
+
+@pytest.mark.cluster
+def test_operator_scale_benchmark_runs(control_plane: ControlPlane, tmp_path: Path) -> None:
+    sizes = ("--wide-nodes", "3", "--held-jobs", "2", "--held-nodes", "2", "--restart-nodes", "2")
+    result = run_benchmark("operator_scale.py", tmp_path / "scale.json", *sizes)
+    assert result["wide"]["floor"]["objects"] == 4 and result["wide"]["ratio_to_floor"] > 0
+    assert result["held"]["rss_mib"]["all"] > 0 and "growth_mib_per_job" in result["held"]
+    assert result["restart"]["delete_to_all_recreated_s"] > 0
 
 
 @pytest.mark.slow

