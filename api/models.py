@@ -6,6 +6,11 @@ immutability rules are written twice on purpose, once as pydantic validators (cl
 for `kubetrain run --local` and the operator) and once as CEL in `x-kubernetes-validations`
 (enforced by the API server on `kubectl apply`); the tests apply the same invalid table to
 both.
+
+Longer than our other modules on purpose: it is the declarative API, one model per CRD type
+with its bounds and rules beside it; splitting it would scatter the single source of the CRD
+(the pod template overlay already lives in `podtemplate.py`, the training schema in
+`training.py`).
 """
 
 from __future__ import annotations
