@@ -28,8 +28,6 @@ import torch.distributed as dist
 # called without an active exception"). Imported here, before any group exists, they are None.
 import torch.distributed.nn
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
-from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
-from torch.distributed.elastic.utils.store import _NUM_MEMBERS
 
 from kubetrain.api import contract
 
@@ -306,6 +304,12 @@ def hold_agent_store(store: Store, environ: Mapping[str, str], *, timeout_s: flo
     """
     group_world = int(environ.get("GROUP_WORLD_SIZE", "1"))
     if environ.get("GROUP_RANK") != "0" or group_world < 2:
+        return True
+    try:  # torch's private names: a torch that renamed them must still train, only unheld
+        from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
+        from torch.distributed.elastic.utils.store import _NUM_MEMBERS
+    except ImportError:
+        log.warning("this torch keys its exit barrier differently: node 0 does not wait for the other agents")
         return True
     # The key torchrun's agents count themselves in: `_exit_barrier` on PrefixStore(run_id).
     key = f"{environ.get('TORCHELASTIC_RUN_ID', 'none')}/{_TERMINAL_STATE_SYNC_ID}{_NUM_MEMBERS}"
