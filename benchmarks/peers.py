@@ -14,7 +14,6 @@ import fcntl
 import signal
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from support import controlplane  # noqa: E402
 from support.operator_process import OperatorProcess  # noqa: E402
-from support.waiting import wait_for  # noqa: E402
+from support.waiting import http_ok, wait_for  # noqa: E402
 
 from kubetrain.api import naming  # noqa: E402
 
@@ -171,11 +170,7 @@ class KubeflowPeer:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise RuntimeError(f"training-operator exited {self.proc.returncode}: see {log_path}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=1) as response:
-                    return bool(response.status == 200)
-            except OSError:
-                return False
+            return http_ok(f"http://127.0.0.1:{health}/readyz")
 
         wait_for(ready, 60, f"training-operator's /readyz (log: {log_path})")
 

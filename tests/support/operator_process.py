@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from support.controlplane import free_ports
-from support.waiting import wait_for
+from support.waiting import http_ok, wait_for
 
 KUBETRAIN = Path(sys.executable).parent / "kubetrain"
 
@@ -50,11 +50,7 @@ class OperatorProcess:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise RuntimeError(f"the operator exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
+        return http_ok(f"http://127.0.0.1:{self.health_port}/healthz")
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:

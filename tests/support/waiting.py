@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -33,3 +34,12 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+
+
+def http_ok(url: str) -> bool:
+    """Whether `url` answers 200 right now (a refused or failed connection is just "not yet")."""
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
