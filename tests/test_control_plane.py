@@ -179,6 +179,17 @@ def test_restricted_namespace_rejects_a_privileged_pod(kube_api: Any, namespace:
     core.create_namespaced_pod(namespace, privileged, dry_run="All")
 
     core.patch_namespace(namespace, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+
+    def refused_on_dry_run() -> bool:
+        try:
+            core.create_namespaced_pod(namespace, privileged, dry_run="All")
+        except client.ApiException as exc:
+            return exc.status == 403
+        return False
+
+    # Admission reads namespace labels from an informer: wait until it has seen the patch
+    # (the real create raced it once under load and was admitted).
+    wait_for(refused_on_dry_run, 10, "Pod Security admission enforcing restricted")
     with pytest.raises(client.ApiException) as err:
         core.create_namespaced_pod(namespace, privileged)
     message, _ = api_error(err.value)
