@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,6 +152,7 @@ def make_pki(pki: Path) -> None:
     # real identity so that the bootstrap RBAC policy, not a superuser, is what it runs under.
     _signed_cert("admin", "/O=system:masters/CN=kubetrain-admin", client_ext, pki)
     _signed_cert("controller-manager", "/CN=system:kube-controller-manager", client_ext, pki)
+    _signed_cert("scheduler", "/CN=system:kube-scheduler", client_ext, pki)
     _ec_key("sa.key", pki)
     _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
@@ -316,10 +317,22 @@ def _default_service_account(cp: ControlPlane) -> Callable[[], bool]:
     return ready
 
 
-def start(workdir: Path | None = None, bin_dir: Path | None = None, timeout: float = 60) -> ControlPlane:
-    """Start etcd, kube-apiserver and kube-controller-manager; return once pods can be created
-    (/readyz is 200 and the `default` ServiceAccount exists). Raises Unavailable when the
-    binaries are missing; on any other failure stops what it started and raises with the logs."""
+def start(
+    workdir: Path | None = None,
+    bin_dir: Path | None = None,
+    timeout: float = 60,
+    *,
+    scheduler: bool = False,
+    feature_gates: Mapping[str, bool] | None = None,
+    runtime_config: Sequence[str] = (),
+    apiserver_flags: Sequence[str] = (),
+) -> ControlPlane:
+    """Start etcd, kube-apiserver and kube-controller-manager (and kube-scheduler when
+    `scheduler`); return once pods can be created (/readyz is 200 and the `default`
+    ServiceAccount exists). `feature_gates` go to every component, `runtime_config` (e.g.
+    "scheduling.k8s.io/v1alpha2=true") and `apiserver_flags` to the apiserver. Raises
+    Unavailable when the binaries are missing; on any other failure stops what it started and
+    raises with the logs."""
     bin_dir = bin_dir or find_k8s_bin()
     if shutil.which("openssl") is None:
         raise Unavailable("openssl not found (it generates the control plane's certificates)")
@@ -333,6 +346,13 @@ def start(workdir: Path | None = None, bin_dir: Path | None = None, timeout: flo
     cp = ControlPlane(workdir=workdir, bin_dir=bin_dir, server=server, kubeconfig=workdir / "admin.kubeconfig")
     write_kubeconfig(cp.kubeconfig, server, pki, "admin")
     write_kubeconfig(workdir / "controller-manager.kubeconfig", server, pki, "controller-manager")
+    write_kubeconfig(workdir / "scheduler.kubeconfig", server, pki, "scheduler")
+    gates = (
+        [f"--feature-gates={','.join(f'{k}={str(v).lower()}' for k, v in sorted(feature_gates.items()))}"]
+        if feature_gates
+        else []
+    )
+    runtime = [f"--runtime-config={','.join(runtime_config)}"] if runtime_config else []
     cp.timings["certs"] = time.monotonic() - t0
     try:
         cp._spawn(
@@ -376,6 +396,9 @@ def start(workdir: Path | None = None, bin_dir: Path | None = None, timeout: flo
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
                 "--v=1",
+                *gates,
+                *runtime,
+                *apiserver_flags,
             ],
         )
         cp._wait("etcd and kube-apiserver (/readyz)", _readyz(server, pki), timeout)
@@ -404,8 +427,11 @@ def start(workdir: Path | None = None, bin_dir: Path | None = None, timeout: flo
                 # in the middle of a long session.
                 "--controllers=*,-node-lifecycle-controller,-taint-eviction-controller",
                 "--v=1",
+                *gates,
             ],
         )
+        if scheduler:
+            cp._spawn("kube-scheduler", _scheduler_argv(cp, free_port(), gates))
         cp._wait("kube-controller-manager (the default ServiceAccount)", _default_service_account(cp), timeout)
         cp.timings["ready"] = time.monotonic() - t0
     except BaseException as exc:
@@ -415,6 +441,22 @@ def start(workdir: Path | None = None, bin_dir: Path | None = None, timeout: flo
             raise RuntimeError(f"control plane failed to start: {exc}\n{detail}") from exc
         raise
     return cp
+
+
+def _scheduler_argv(cp: ControlPlane, port: int, gates: list[str]) -> list[str]:
+    kubeconfig = cp.workdir / "scheduler.kubeconfig"
+    return [
+        str(cp.bin_dir / "kube-scheduler"),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={cp.workdir / 'scheduler-certs'}",
+        "--leader-elect=false",
+        "--v=1",
+        *gates,
+    ]
 
 
 @contextlib.contextmanager
