@@ -33,6 +33,14 @@ class FakeKube:
         self.statuses: list[dict[str, Any]] = []
         self.events: list[tuple[str, str]] = []
         self.version = 1
+        self.podgroups_served = False
+        self.deleted_collections: list[str] = []
+
+    async def serves(self, api_version: str, plural: str) -> bool:
+        return self.podgroups_served
+
+    async def delete_collection(self, api_version: str, namespace: str, plural: str, selector: str) -> None:
+        self.deleted_collections.append(f"{plural}?{selector}")
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         name = obj["metadata"]["name"]
