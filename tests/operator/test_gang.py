@@ -1,0 +1,167 @@
+"""spec.scheduling.gang: the mode each job gets (operator/gang.py), the PodGroup it renders, and
+how decide() records the choice and the scheduler's Unschedulable message."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from support.jobs import job_model
+from support.pods import JOB_UID as UID
+from support.pods import T0, pod_view
+
+from kubetrain.api.models import TrainingJob, TrainingJobStatus
+from kubetrain.operator import gang
+from kubetrain.operator.status import Decision, Policy, decide, get_condition
+
+NATIVE, NONE = "native", "none"
+
+
+@pytest.mark.parametrize(
+    ("asked", "scheduler", "served", "mode", "reason"),
+    [
+        ("auto", None, True, NATIVE, "PodGroup"),
+        ("auto", "default-scheduler", True, NATIVE, "PodGroup"),
+        ("auto", "volcano", True, NONE, "OtherScheduler"),
+        ("auto", None, False, NONE, "NotServed"),
+        ("native", None, True, NATIVE, "PodGroup"),
+        ("native", "volcano", True, NATIVE, "PodGroup"),  # asked for explicitly: the user's call
+        ("native", None, False, None, "GangSchedulingUnavailable"),
+        ("none", None, True, NONE, "Disabled"),
+        ("none", None, False, NONE, "Disabled"),
+    ],
+)
+def test_choose(asked: str, scheduler: str | None, served: bool, mode: str | None, reason: str) -> None:
+    spec = job_model("j", scheduling={"gang": asked}, schedulerName=scheduler).spec
+    choice = gang.choose(spec, served)
+    assert (choice.mode, choice.reason) == (mode, reason)
+
+
+def test_the_missing_api_is_named_with_its_feature_gates() -> None:
+    message = gang.choose(job_model("j", scheduling={"gang": "native"}).spec, False).message
+    assert "scheduling.k8s.io/v1alpha2 PodGroup is not served" in message
+    assert "--runtime-config=scheduling.k8s.io/v1alpha2=true" in message
+    assert "GenericWorkload=true,GangScheduling=true" in message
+
+
+def test_the_default_is_auto() -> None:
+    assert job_model("j").spec.scheduling.gang == "auto"
+
+
+def test_render_podgroup() -> None:
+    job = job_model("j", nodes=4)
+    assert gang.render_podgroup(job, "ns", UID, 3) == {
+        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "kind": "PodGroup",
+        "metadata": {
+            "name": "j-3",
+            "namespace": "ns",
+            "labels": {
+                "kubetrain.dev/job-name": "j",
+                "kubetrain.dev/job-uid": UID,
+                "kubetrain.dev/attempt": "3",
+                "app.kubernetes.io/managed-by": "kubetrain-operator",
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "kubetrain.dev/v1alpha1",
+                    "kind": "TrainingJob",
+                    "name": "j",
+                    "uid": UID,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 4}}, "disruptionMode": "PodGroup"},
+    }
+    assert gang.stale_selector(UID, 3) == f"kubetrain.dev/job-uid={UID},kubetrain.dev/attempt!=3"
+
+
+def test_join_leaves_the_rendered_pod_untouched() -> None:
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": []}}
+    joined = gang.join(pod, "j-0")
+    assert joined["spec"] == {"containers": [], "schedulingGroup": {"podGroupName": "j-0"}}
+    assert pod == {"metadata": {"name": "p"}, "spec": {"containers": []}}
+
+
+def make_job(**spec: Any) -> TrainingJob:
+    spec.setdefault("nodes", 2)
+    job = job_model("j", **spec)
+    job.metadata.uid, job.metadata.generation = UID, 1
+    return job
+
+
+def step(job: TrainingJob, served: bool | None, pods: list[Any] | None = None) -> Decision:
+    return decide(job, UID, pods or [], True, T0, Policy(podgroups_served=served))
+
+
+def advance(job: TrainingJob, decision: Decision) -> TrainingJob:
+    return job.model_copy(update={"status": TrainingJobStatus.model_validate(decision.status.wire())})
+
+
+def cond(decision: Decision, kind: str) -> tuple[str, str] | None:
+    c = get_condition(decision.status, kind)
+    return None if c is None else (c.status, c.reason)
+
+
+def test_a_new_attempt_records_its_mode_and_the_gang_announces_itself() -> None:
+    d = step(make_job(), True)
+    assert cond(d, gang.CONDITION) == ("True", "PodGroup") and d.create_ranks == [0, 1]
+    assert [e.reason for e in d.events] == [gang.CONDITION, "Created"]
+    fallback = step(make_job(), False)
+    assert cond(fallback, gang.CONDITION) == ("False", "NotServed") and fallback.create_ranks == [0, 1]
+    assert [e.reason for e in fallback.events] == ["Created"]  # the condition says it; no Event
+
+
+def test_the_mode_is_kept_while_the_attempt_has_pods() -> None:
+    job = advance(make_job(), step(make_job(), True))
+    pods = [pod_view(job, r) for r in range(2)]
+    # Discovery changed its answer mid-attempt: the pods already joined their PodGroup.
+    assert cond(step(job, False, pods), gang.CONDITION) == ("True", "PodGroup")
+
+
+def test_the_local_runner_has_no_scheduler_to_ask() -> None:
+    assert cond(step(make_job(), None), gang.CONDITION) is None
+
+
+def test_native_where_the_api_is_not_served_fails_the_job_before_any_pod() -> None:
+    d = step(make_job(scheduling={"gang": "native"}), False)
+    assert cond(d, "Failed") == ("True", "GangSchedulingUnavailable") and d.create_ranks == []
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", "GangSchedulingUnavailable")]
+
+
+UNSCHEDULABLE = {
+    "type": "PodScheduled",
+    "status": "False",
+    "reason": "Unschedulable",
+    "message": "0/3 nodes are available: 3 Insufficient cpu.",
+}
+
+
+def test_unschedulable_pods_are_explained_with_the_schedulers_message() -> None:
+    job = advance(make_job(), step(make_job(), True))
+    waiting = [pod_view(job, r, conditions=[UNSCHEDULABLE]) for r in range(2)]
+    d = step(job, True, waiting)
+    condition = get_condition(d.status, "PodsScheduled")
+    assert condition is not None and (condition.status, condition.reason) == ("False", "Unschedulable")
+    assert condition.message == "pod j-node-0: 0/3 nodes are available: 3 Insufficient cpu."
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", "Unschedulable")]
+    job = advance(job, d)
+    assert step(job, True, waiting).events == []  # still waiting: one Event, not one per pass
+    placed = [pod_view(job, r, node="n1") for r in range(2)]
+    assert cond(step(job, True, placed), "PodsScheduled") == ("True", "AllPodsScheduled")
+
+
+def test_the_scheduling_timeout_still_fails_an_unplaceable_gang() -> None:
+    job = make_job(runPolicy={"schedulingTimeoutSeconds": 60})
+    job = advance(job, step(job, True))
+    waiting = [pod_view(job, r, conditions=[UNSCHEDULABLE]) for r in range(2)]
+    d = decide(job, UID, waiting, True, T0 + timedelta(seconds=61), Policy(podgroups_served=True))
+    assert cond(d, "Failed") == ("True", "Unschedulable")
+
+
+def test_a_job_never_unschedulable_gets_no_pods_scheduled_condition() -> None:
+    job = advance(make_job(), step(make_job(), True))
+    assert cond(step(job, True, [pod_view(job, r, node="n1") for r in range(2)]), "PodsScheduled") is None

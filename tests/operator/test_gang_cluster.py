@@ -1,0 +1,172 @@
+"""Gang scheduling on the real kube-scheduler (spec.scheduling.gang): its own control plane with
+the scheduler and the GenericWorkload / GangScheduling gates, and three fake Nodes of one
+allocatable CPU each, so capacity is three one-CPU pods. The scheduler binds the pods; the
+FakeKubelet only writes their status (Running, Succeeded)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from support import controlplane
+from support.controlplane import ControlPlane, Unavailable
+from support.kubelet import FakeKubelet, schedulable_node
+from support.objects import Cluster, condition, has_condition
+from support.operator_process import OperatorProcess
+from support.tools import missing_tool
+from support.waiting import wait_for
+
+from kubetrain.api import naming
+from kubetrain.operator import gang
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+NODES = ("slot-0", "slot-1", "slot-2")
+ONE_CPU = {"requests": {"cpu": "1"}}
+
+
+@pytest.fixture(scope="module")
+def gang_plane() -> Iterator[ControlPlane]:
+    """A control plane of this module's own (the session's has no scheduler), with the PodGroup
+    API served and enforced, the CRD installed and three one-CPU Nodes."""
+    try:
+        bin_dir = controlplane.find_k8s_bin()
+    except Unavailable as exc:
+        missing_tool(str(exc))
+    cp = controlplane.start(
+        bin_dir=bin_dir,
+        scheduler=True,
+        feature_gates=dict.fromkeys(gang.FEATURE_GATES, True),
+        runtime_config=[f"{gang.API_VERSION}=true"],
+    )
+    try:
+        cp.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{naming.CRD_NAME}")
+        with cp.api_client() as api:
+            for name in NODES:
+                schedulable_node(client.CoreV1Api(api), name, cpu="1")
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture
+def api(gang_plane: ControlPlane) -> Iterator[Any]:
+    with gang_plane.api_client() as api:
+        yield api
+
+
+@pytest.fixture
+def cluster(gang_plane: ControlPlane, api: Any) -> Iterator[Cluster]:
+    """A fresh namespace; afterwards its pods are removed at once, so that the next test finds
+    all three CPUs free (no kubelet confirms a graceful deletion here)."""
+    core = client.CoreV1Api(api)
+    name = f"gang-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    wait_for(lambda: core.list_namespaced_service_account(name).items, 30, f"the default ServiceAccount in {name}")
+    yield Cluster(api, name)
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    wait_for(lambda: not core.list_namespaced_pod(name).items, 30, f"the pods of {name} gone")
+    core.delete_namespace(name)
+
+
+@pytest.fixture
+def operator(gang_plane: ControlPlane, cluster: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(gang_plane.kubeconfig, tmp_path / "operator.log", namespaces=cluster.namespace)
+    proc.start()
+    yield proc
+    proc.stop()
+    assert "Traceback" not in proc.log(), proc.log()[-5000:]
+
+
+def bound(cluster: Cluster, job: str) -> list[str]:
+    return [p.spec.node_name for p in cluster.live_pods(job) if p.spec.node_name]
+
+
+def unschedulable(cluster: Cluster, job: str) -> dict[str, Any] | None:
+    """The job's PodsScheduled condition once it says Unschedulable."""
+    found = condition(cluster.job(job) or {}, "PodsScheduled")
+    return found if found and found["status"] == "False" and found["reason"] == "Unschedulable" else None
+
+
+def submit(cluster: Cluster, mode: str, *names: str, nodes: int = 2, **run_policy: Any) -> None:
+    for name in names:
+        cluster.create_job(
+            name, nodes=nodes, resources=ONE_CPU, scheduling={"gang": mode}, runPolicy={"maxRestarts": 0, **run_policy}
+        )
+
+
+def test_native_gang_runs_one_job_whole_and_the_other_not_at_all(
+    cluster: Cluster, operator: OperatorProcess, api: Any
+) -> None:
+    submit(cluster, "native", "a", "b")
+    for job in ("a", "b"):
+        cluster.wait_pods(job, 2, attempt=0)
+    # The waiting job is told why; only then is "zero bound" a settled state, not a race.
+    loser = wait_for(lambda: next((j for j in ("a", "b") if unschedulable(cluster, j)), None), 60, "a job waiting")
+    winner = "b" if loser == "a" else "a"
+    wait_for(lambda: len(bound(cluster, winner)) == 2, 30, f"both pods of {winner} bound")
+    assert bound(cluster, loser) == []
+    for job in (winner, loser):
+        groups = client.CustomObjectsApi(api).list_namespaced_custom_object(
+            gang.GROUP, gang.VERSION, cluster.namespace, gang.PLURAL, label_selector=f"{naming.LABEL_JOB}={job}"
+        )["items"]
+        assert [(g["metadata"]["name"], g["spec"]["schedulingPolicy"]) for g in groups] == [
+            (f"{job}-0", {"gang": {"minCount": 2}})
+        ]
+        assert {p.spec.scheduling_group.pod_group_name for p in cluster.live_pods(job)} == {f"{job}-0"}
+        assert condition(cluster.job(job) or {}, gang.CONDITION)["reason"] == "PodGroup"  # type: ignore[index]
+
+    kubelet = FakeKubelet(api)
+    for pod in cluster.live_pods(winner):
+        kubelet.run(cluster.namespace, pod.metadata.name)
+    for pod in cluster.live_pods(winner):
+        kubelet.succeed(cluster.namespace, pod.metadata.name)
+    cluster.wait_job(winner, has_condition("Succeeded"), "Succeeded")
+    # The winner's CPUs are free again: the other gang binds, all of it.
+    wait_for(lambda: len(bound(cluster, loser)) == 2, 60, f"both pods of {loser} bound")
+    cluster.wait_job(loser, has_condition("PodsScheduled", reason="AllPodsScheduled"), "PodsScheduled")
+
+
+def test_without_gang_the_second_job_sits_half_placed_holding_a_cpu(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    submit(cluster, "none", "a", "b")
+    half = wait_for(lambda: next((j for j in ("a", "b") if unschedulable(cluster, j)), None), 60, "a job waiting")
+    whole = "b" if half == "a" else "a"
+    wait_for(lambda: len(bound(cluster, whole)) == 2 and len(bound(cluster, half)) == 1, 30, "three pods bound")
+    # Half of `half` holds the third CPU and can do nothing with it until `whole` ends: with
+    # two such jobs each half-placed on a full cluster, neither ever would (the deadlock).
+    assert condition(cluster.job(half) or {}, gang.CONDITION)["reason"] == "Disabled"  # type: ignore[index]
+    assert [p.spec.scheduling_group for p in cluster.live_pods(half)] == [None, None]
+
+
+def test_a_gang_larger_than_the_cluster_binds_nothing_and_fails_at_the_scheduling_timeout(
+    cluster: Cluster, operator: OperatorProcess, api: Any
+) -> None:
+    submit(cluster, "native", "big", nodes=4, schedulingTimeoutSeconds=15)
+    cluster.wait_pods("big", 4, attempt=0)
+
+    def explained() -> bool:
+        # The job quotes one pod's PodScheduled message: the scheduler's own words (they
+        # change as it retries, so both are read again until they agree).
+        waiting = unschedulable(cluster, "big")
+        said = {
+            f"pod {p.metadata.name}: {c.message}"
+            for p in cluster.live_pods("big")
+            for c in p.status.conditions or []
+            if c.type == "PodScheduled" and c.reason == "Unschedulable"
+        }
+        return waiting is not None and waiting["message"] in said
+
+    wait_for(explained, 60, "PodsScheduled=False (Unschedulable) with the scheduler's message")
+    assert bound(cluster, "big") == []
+    assert "Unschedulable" in [e.reason for e in cluster.events("big")]
+    job = cluster.wait_job("big", has_condition("Failed", reason="Unschedulable"), "Failed (Unschedulable)", 60)
+    assert "schedulingTimeoutSeconds=15" in condition(job, "Failed")["message"]  # type: ignore[index]
+    assert bound(cluster, "big") == []
