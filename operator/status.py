@@ -11,8 +11,9 @@ callers fold from rank 0's records with `kubetrain.api.records.fold`).
 beside the stages that implement them.)
 
 `decide` is a dispatcher over named stages, each returning the Decision once it decided:
-finished (cleanup, TTL) → suspend → resume → first problem → restart-or-fail → success →
-timeouts → stalled → converge (create what is missing, delete older attempts).
+finished (cleanup, TTL) → suspend → resume → gang mode (operator/gang.py) → first problem →
+restart-or-fail → success → timeouts → stalled → placement (PodsScheduled) → converge (create
+what is missing, delete older attempts).
 
 Definitions the README repeats:
   * Success: every node's pod of the current attempt exited 0 (phase Succeeded). A job

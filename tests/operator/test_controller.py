@@ -195,3 +195,23 @@ def test_a_fail_job_rule_is_counted_as_finished_by_its_reason() -> None:
     reconcile(controller)
     assert kube.statuses[-1]["phase"] == "Failed" and ("Warning", "FailurePolicy") in kube.events
     assert finished("FailurePolicy") == before + 1
+
+
+def test_a_native_gang_creates_its_podgroup_before_the_pods_that_join_it() -> None:
+    controller, kube = make()
+    kube.podgroups_served = True
+    reconcile(controller)
+    assert kube.created == ["j-0", "j", "j-node-0", "j-node-1"]
+    assert kube.deleted_collections == ["podgroups?kubetrain.dev/job-uid=job-uid,kubetrain.dev/attempt!=0"]
+    pods = controller.jobs[KEY].expectations.creations.values()
+    assert [pod["spec"]["schedulingGroup"] for _, pod in pods] == [{"podGroupName": "j-0"}] * 2
+    assert kube.events == [("Normal", "GangScheduling"), ("Normal", "Created")]
+
+
+def test_a_refused_podgroup_creates_no_pod_of_the_gang() -> None:
+    controller, kube = make()
+    kube.podgroups_served = True
+    forbidden = 'podgroups.scheduling.k8s.io is forbidden: User "op" cannot create resource "podgroups"'
+    kube.refuse = {"j-0": Refused(403, forbidden)}
+    assert reconcile(controller) == 1
+    assert kube.created == [] and blocked(kube) == ("True", "OperatorForbidden")

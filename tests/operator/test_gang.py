@@ -13,6 +13,7 @@ from support.pods import T0, pod_view
 
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
 from kubetrain.operator import gang
+from kubetrain.operator.render import owner_reference
 from kubetrain.operator.status import Decision, Policy, decide, get_condition
 
 NATIVE, NONE = "native", "none"
@@ -63,16 +64,7 @@ def test_render_podgroup() -> None:
                 "kubetrain.dev/attempt": "3",
                 "app.kubernetes.io/managed-by": "kubetrain-operator",
             },
-            "ownerReferences": [
-                {
-                    "apiVersion": "kubetrain.dev/v1alpha1",
-                    "kind": "TrainingJob",
-                    "name": "j",
-                    "uid": UID,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [owner_reference(job, UID)],  # test_render.py reads this one
         },
         "spec": {"schedulingPolicy": {"gang": {"minCount": 4}}, "disruptionMode": "PodGroup"},
     }

@@ -112,13 +112,14 @@ def test_native_gang_runs_one_job_whole_and_the_other_not_at_all(
     winner = "b" if loser == "a" else "a"
     wait_for(lambda: len(bound(cluster, winner)) == 2, 30, f"both pods of {winner} bound")
     assert bound(cluster, loser) == []
+    stored = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        gang.GROUP, gang.VERSION, cluster.namespace, gang.PLURAL, f"{winner}-0"
+    )
+    assert stored["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
+    assert stored["spec"]["disruptionMode"] == "Pod"  # PodGroup needs the WorkloadAwarePreemption gate
+    assert [o["name"] for o in stored["metadata"]["ownerReferences"]] == [winner]
     for job in (winner, loser):
-        groups = client.CustomObjectsApi(api).list_namespaced_custom_object(
-            gang.GROUP, gang.VERSION, cluster.namespace, gang.PLURAL, label_selector=f"{naming.LABEL_JOB}={job}"
-        )["items"]
-        assert [(g["metadata"]["name"], g["spec"]["schedulingPolicy"]) for g in groups] == [
-            (f"{job}-0", {"gang": {"minCount": 2}})
-        ]
+        assert podgroups(api, cluster, job) == [f"{job}-0"]
         assert {p.spec.scheduling_group.pod_group_name for p in cluster.live_pods(job)} == {f"{job}-0"}
         assert condition(cluster.job(job) or {}, gang.CONDITION)["reason"] == "PodGroup"  # type: ignore[index]
 
@@ -170,3 +171,28 @@ def test_a_gang_larger_than_the_cluster_binds_nothing_and_fails_at_the_schedulin
     job = cluster.wait_job("big", has_condition("Failed", reason="Unschedulable"), "Failed (Unschedulable)", 60)
     assert "schedulingTimeoutSeconds=15" in condition(job, "Failed")["message"]  # type: ignore[index]
     assert bound(cluster, "big") == []
+
+
+def podgroups(api: Any, cluster: Cluster, job: str) -> list[str]:
+    found = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        gang.GROUP, gang.VERSION, cluster.namespace, gang.PLURAL, label_selector=f"{naming.LABEL_JOB}={job}"
+    )["items"]
+    return sorted(g["metadata"]["name"] for g in found)
+
+
+def test_a_gang_restart_replaces_the_attempts_podgroup(cluster: Cluster, operator: OperatorProcess, api: Any) -> None:
+    submit(cluster, "native", "r")
+    kubelet = FakeKubelet(api)
+    wait_for(lambda: len(bound(cluster, "r")) == 2, 60, "both pods of r bound")
+    for pod in cluster.live_pods("r"):
+        kubelet.run(cluster.namespace, pod.metadata.name)
+    cluster.patch_spec("r", {"runPolicy": {"maxRestarts": 1}})
+    kubelet.fail(cluster.namespace, "r-node-1", exit_code=1)
+
+    def replaced() -> bool:
+        kubelet.confirm_deletions(cluster.namespace)  # the kubelet's half of deleting a bound pod
+        return podgroups(api, cluster, "r") == ["r-1"]
+
+    wait_for(replaced, 60, "PodGroup r-0 gone with attempt 0, r-1 in its place")
+    pods = cluster.wait_pods("r", 2, attempt=1)
+    assert {p.spec.scheduling_group.pod_group_name for p in pods} == {"r-1"}
