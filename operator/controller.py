@@ -106,6 +106,8 @@ class Controller:
         self.services: Index = {}
         self.queue = WorkQueue(self.reconcile)
         self._podgroups: tuple[float, bool] | None = None  # (monotonic time, served)
+        # One discovery request at a time: a burst of new jobs must not send one each.
+        self._discovery = asyncio.Lock()
 
     # --- what the watches see -----------------------------------------------------------
     def watch(self, pods: Index, services: Index) -> None:
@@ -190,10 +192,11 @@ class Controller:
 
     async def _podgroups_served(self) -> bool:
         """Discovery of the PodGroup API, cached for DISCOVERY_TTL_SECONDS."""
-        now = time.monotonic()
-        if self._podgroups is None or now - self._podgroups[0] > DISCOVERY_TTL_SECONDS:
-            self._podgroups = (now, await self.kube.serves(gang.API_VERSION, gang.PLURAL))
-        return self._podgroups[1]
+        async with self._discovery:
+            now = time.monotonic()
+            if self._podgroups is None or now - self._podgroups[0] > DISCOVERY_TTL_SECONDS:
+                self._podgroups = (now, await self.kube.serves(gang.API_VERSION, gang.PLURAL))
+            return self._podgroups[1]
 
     async def _reread(self, key: Key, state: JobState, stale: StaleView | None) -> float | None:
         """The cached job was out of date (`stale`: its status is behind its pods; else a

@@ -34,9 +34,12 @@ class FakeKube:
         self.events: list[tuple[str, str]] = []
         self.version = 1
         self.podgroups_served = False
+        self.discoveries = 0
         self.deleted_collections: list[str] = []
 
     async def serves(self, api_version: str, plural: str) -> bool:
+        self.discoveries += 1
+        await asyncio.sleep(0)  # a real request yields to the other reconciles
         return self.podgroups_served
 
     async def delete_collection(self, api_version: str, namespace: str, plural: str, selector: str) -> None:
@@ -215,3 +218,17 @@ def test_a_refused_podgroup_creates_no_pod_of_the_gang() -> None:
     kube.refuse = {"j-0": Refused(403, forbidden)}
     assert reconcile(controller) == 1
     assert kube.created == [] and blocked(kube) == ("True", "OperatorForbidden")
+
+
+def test_discovery_is_asked_once_for_a_burst_of_jobs() -> None:
+    controller, kube = make()
+    for name in ("k", "l"):
+        body = valid_job(name)
+        body["metadata"].update(namespace="ns", uid=f"{name}-uid", resourceVersion="1", generation=1)
+        controller.jobs[("ns", name)] = JobState(body)
+
+    async def burst() -> None:
+        await asyncio.gather(*(controller.reconcile(key) for key in list(controller.jobs)))
+
+    asyncio.run(burst())
+    assert kube.discoveries == 1 and len(kube.statuses) == 3

@@ -157,3 +157,8 @@ def test_the_scheduling_timeout_still_fails_an_unplaceable_gang() -> None:
 def test_a_job_never_unschedulable_gets_no_pods_scheduled_condition() -> None:
     job = advance(make_job(), step(make_job(), True))
     assert cond(step(job, True, [pod_view(job, r, node="n1") for r in range(2)]), "PodsScheduled") is None
+
+
+def test_the_scheduling_group_is_the_operators_not_the_templates() -> None:
+    with pytest.raises(ValueError, match=r"spec\.template\.spec\.schedulingGroup"):
+        job_model("j", template={"spec": {"schedulingGroup": {"podGroupName": "elsewhere"}}})
