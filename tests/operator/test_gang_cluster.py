@@ -5,8 +5,9 @@ FakeKubelet only writes their status (Running, Succeeded)."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,69 @@ def test_without_gang_the_second_job_sits_half_placed_holding_a_cpu(
     # two such jobs each half-placed on a full cluster, neither ever would (the deadlock).
     assert condition(cluster.job(half) or {}, gang.CONDITION)["reason"] == "Disabled"  # type: ignore[index]
     assert [p.spec.scheduling_group for p in cluster.live_pods(half)] == [None, None]
+
+
+RESERVED = "kubetrain.dev/reserved"
+
+
+@contextlib.contextmanager
+def two_slots_the_second_reserved(api: Any) -> Iterator[Callable[[], None]]:
+    """slot-2 cordoned (capacity: two CPUs) and slot-1 tainted until the returned call lifts
+    the taint; the nodes are restored afterwards for the module's other tests."""
+    core = client.CoreV1Api(api)
+    taint = {"key": RESERVED, "value": "b", "effect": "NoSchedule"}
+    core.patch_node("slot-2", {"spec": {"unschedulable": True}})
+    core.patch_node("slot-1", {"spec": {"taints": [taint]}})
+    try:
+        yield lambda: core.patch_node("slot-1", {"spec": {"taints": None}})
+    finally:
+        core.patch_node("slot-1", {"spec": {"taints": None}})
+        core.patch_node("slot-2", {"spec": {"unschedulable": None}})
+
+
+def settled(cluster: Cluster, job: str) -> bool:
+    """Every unbound pod of `job` was turned down for want of CPU alone (the taint lifted)."""
+    pending = [p for p in cluster.live_pods(job) if not p.spec.node_name]
+    messages = [c.message or "" for p in pending for c in p.status.conditions or [] if c.type == "PodScheduled"]
+    return (
+        bool(pending)
+        and len(messages) == len(pending)
+        and all("Insufficient cpu" in m and "taint" not in m for m in messages)
+    )
+
+
+@pytest.mark.parametrize("mode", ["none", "native"])
+def test_two_jobs_arriving_interleaved_deadlock_without_the_gang(
+    mode: str, cluster: Cluster, operator: OperatorProcess, api: Any
+) -> None:
+    # Two CPUs, two 2-node jobs whose pods arrive interleaved: a's first pod while only slot-0
+    # is open, then b's (which alone tolerate slot-1's taint). The taint only orders the
+    # arrivals, as a race between two submissions would; then it is lifted.
+    with two_slots_the_second_reserved(api) as lift:
+        submit(cluster, mode, "a")
+        wait_for(lambda: unschedulable(cluster, "a"), 60, "a waiting for a second CPU")
+        assert len(bound(cluster, "a")) == (1 if mode == "none" else 0)
+        cluster.create_job(
+            "b",
+            nodes=2,
+            resources=ONE_CPU,
+            scheduling={"gang": mode},
+            tolerations=[{"key": RESERVED, "operator": "Exists", "effect": "NoSchedule"}],
+        )
+        wait_for(lambda: len(bound(cluster, "b")) == (1 if mode == "none" else 2), 60, "b placed")
+        lift()
+        wait_for(lambda: settled(cluster, "a"), 60, "the scheduler seeing no CPU for a")
+        if mode == "none":
+            # Both half-placed on a full cluster: neither can ever start. The deadlock.
+            assert settled(cluster, "b")
+            assert (len(bound(cluster, "a")), len(bound(cluster, "b"))) == (1, 1)
+            return
+        assert bound(cluster, "a") == []  # a holds nothing while b runs
+        kubelet = FakeKubelet(api)
+        for pod in cluster.live_pods("b"):
+            kubelet.run(cluster.namespace, pod.metadata.name)
+            kubelet.succeed(cluster.namespace, pod.metadata.name)
+        wait_for(lambda: len(bound(cluster, "a")) == 2, 60, "a placed whole once b finished")
 
 
 def test_a_gang_larger_than_the_cluster_binds_nothing_and_fails_at_the_scheduling_timeout(
