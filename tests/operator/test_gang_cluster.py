@@ -46,8 +46,7 @@ def gang_plane() -> Iterator[ControlPlane]:
         runtime_config=[f"{gang.API_VERSION}=true"],
     )
     try:
-        cp.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{naming.CRD_NAME}")
+        controlplane.install_crds(cp, ROOT / "crds")
         with cp.api_client() as api:
             for name in NODES:
                 schedulable_node(client.CoreV1Api(api), name, cpu="1")
