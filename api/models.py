@@ -370,7 +370,7 @@ class RunPolicy(StrictModel):
     )
 
 
-GangMode = Literal["auto", "native", "none"]
+GangMode = Literal["auto", "native", "coscheduling", "none"]
 
 
 class SchedulingSpec(StrictModel):
@@ -381,9 +381,10 @@ class SchedulingSpec(StrictModel):
         "auto",
         description=(
             "`native`: one scheduling.k8s.io/v1alpha2 PodGroup per attempt (gang policy, minCount = nodes) "
-            "so kube-scheduler binds all pods or none; the job fails if that API is not served. `none`: pods "
-            "are scheduled one by one. `auto` (default): native when the API is served and schedulerName is "
-            "unset or default-scheduler, else none."
+            "so kube-scheduler binds all pods or none; the job fails if that API is not served. `coscheduling`: "
+            "the same with the scheduling.x-k8s.io/v1alpha1 PodGroup (minMember = nodes) of scheduler-plugins' "
+            "Coscheduling plugin. `none`: pods are scheduled one by one. `auto` (default): native when its API "
+            "is served and schedulerName is unset or default-scheduler, else none."
         ),
     )
 

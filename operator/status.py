@@ -205,15 +205,15 @@ def _resume(run: _Pass) -> None:
 def _choose_gang(run: _Pass) -> str | None:
     """Before an attempt's first pod, record its gang mode (operator/gang.py) in the
     GangScheduling condition; the message that fails the job when the mode cannot be had."""
-    served = run.policy.podgroups_served
+    served = run.policy.group_apis
     if served is None or run.current:
         return None
     choice = gang.choose(run.job.spec, served)
     if choice.mode is None:
         return choice.message
-    native = choice.mode == "native"
+    grouped = choice.mode != "none"
     # The condition says which mode every job got; only the gang's start is worth an Event.
-    if run.condition(gang.CONDITION, native, choice.reason, choice.message) and native:
+    if run.condition(gang.CONDITION, grouped, choice.reason, choice.message) and grouped:
         run.decision.events.append(Event("Normal", gang.CONDITION, choice.message))
     return None
 

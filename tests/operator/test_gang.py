@@ -19,28 +19,38 @@ from kubetrain.operator.status import Decision, Policy, decide, get_condition
 NATIVE, NONE = "native", "none"
 
 
+SERVED = frozenset({"scheduling.k8s.io/v1alpha2"})
+COSCHEDULING = frozenset({"scheduling.x-k8s.io/v1alpha1"})
+NOTHING: frozenset[str] = frozenset()
+PLUGINS = "scheduler-plugins-scheduler"
+
+
 @pytest.mark.parametrize(
     ("asked", "scheduler", "served", "mode", "reason"),
     [
-        ("auto", None, True, NATIVE, "PodGroup"),
-        ("auto", "default-scheduler", True, NATIVE, "PodGroup"),
-        ("auto", "volcano", True, NONE, "OtherScheduler"),
-        ("auto", None, False, NONE, "NotServed"),
-        ("native", None, True, NATIVE, "PodGroup"),
-        ("native", "volcano", True, NATIVE, "PodGroup"),  # asked for explicitly: the user's call
-        ("native", None, False, None, "GangSchedulingUnavailable"),
-        ("none", None, True, NONE, "Disabled"),
-        ("none", None, False, NONE, "Disabled"),
+        ("auto", None, SERVED, NATIVE, "PodGroup"),
+        ("auto", "default-scheduler", SERVED, NATIVE, "PodGroup"),
+        ("auto", "volcano", SERVED, NONE, "OtherScheduler"),
+        ("auto", None, NOTHING, NONE, "NotServed"),
+        ("auto", PLUGINS, COSCHEDULING, NONE, "NotServed"),  # coscheduling only when asked for
+        ("native", None, SERVED, NATIVE, "PodGroup"),
+        ("native", "volcano", SERVED, NATIVE, "PodGroup"),  # asked for explicitly: the user's call
+        ("native", None, COSCHEDULING, None, "GangSchedulingUnavailable"),
+        ("coscheduling", PLUGINS, COSCHEDULING, "coscheduling", "Coscheduling"),
+        ("coscheduling", None, SERVED | COSCHEDULING, "coscheduling", "Coscheduling"),
+        ("coscheduling", PLUGINS, SERVED, None, "GangSchedulingUnavailable"),
+        ("none", None, SERVED, NONE, "Disabled"),
+        ("none", None, NOTHING, NONE, "Disabled"),
     ],
 )
-def test_choose(asked: str, scheduler: str | None, served: bool, mode: str | None, reason: str) -> None:
+def test_choose(asked: str, scheduler: str | None, served: frozenset[str], mode: str | None, reason: str) -> None:
     spec = job_model("j", scheduling={"gang": asked}, schedulerName=scheduler).spec
     choice = gang.choose(spec, served)
     assert (choice.mode, choice.reason) == (mode, reason)
 
 
 def test_the_missing_api_is_named_with_its_feature_gates() -> None:
-    message = gang.choose(job_model("j", scheduling={"gang": "native"}).spec, False).message
+    message = gang.choose(job_model("j", scheduling={"gang": "native"}).spec, NOTHING).message
     assert "scheduling.k8s.io/v1alpha2 PodGroup is not served" in message
     assert "--runtime-config=scheduling.k8s.io/v1alpha2=true" in message
     assert "GenericWorkload=true,GangScheduling=true" in message
@@ -52,7 +62,7 @@ def test_the_default_is_auto() -> None:
 
 def test_render_podgroup() -> None:
     job = job_model("j", nodes=4)
-    assert gang.render_podgroup(job, "ns", UID, 3) == {
+    assert gang.render_podgroup(job, "ns", UID, 3, "native") == {
         "apiVersion": "scheduling.k8s.io/v1alpha2",
         "kind": "PodGroup",
         "metadata": {
@@ -71,10 +81,30 @@ def test_render_podgroup() -> None:
     assert gang.stale_selector(UID, 3) == f"kubetrain.dev/job-uid={UID},kubetrain.dev/attempt!=3"
 
 
+def test_render_coscheduling_podgroup() -> None:
+    group = gang.render_podgroup(job_model("j", nodes=4), "ns", UID, 0, "coscheduling")
+    assert (group["apiVersion"], group["metadata"]["name"], group["spec"]) == (
+        "scheduling.x-k8s.io/v1alpha1",
+        "j-0",
+        {"minMember": 4},
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "mode"),
+    [("True", "PodGroup", NATIVE), ("True", "Coscheduling", "coscheduling"), ("False", "NotServed", NONE)],
+)
+def test_the_condition_names_the_attempts_mode(status: str, reason: str, mode: str) -> None:
+    assert gang.attempt_mode(status, reason) == mode
+
+
 def test_join_leaves_the_rendered_pod_untouched() -> None:
     pod = {"metadata": {"name": "p"}, "spec": {"containers": []}}
-    joined = gang.join(pod, "j-0")
+    joined = gang.join(pod, "j-0", "native")
     assert joined["spec"] == {"containers": [], "schedulingGroup": {"podGroupName": "j-0"}}
+    labelled = gang.join(pod, "j-0", "coscheduling")
+    assert labelled["metadata"] == {"name": "p", "labels": {"scheduling.x-k8s.io/pod-group": "j-0"}}
+    assert labelled["spec"] == {"containers": []}
     assert pod == {"metadata": {"name": "p"}, "spec": {"containers": []}}
 
 
@@ -85,8 +115,8 @@ def make_job(**spec: Any) -> TrainingJob:
     return job
 
 
-def step(job: TrainingJob, served: bool | None, pods: list[Any] | None = None) -> Decision:
-    return decide(job, UID, pods or [], True, T0, Policy(podgroups_served=served))
+def step(job: TrainingJob, served: frozenset[str] | None, pods: list[Any] | None = None) -> Decision:
+    return decide(job, UID, pods or [], True, T0, Policy(group_apis=served))
 
 
 def advance(job: TrainingJob, decision: Decision) -> TrainingJob:
@@ -99,19 +129,19 @@ def cond(decision: Decision, kind: str) -> tuple[str, str] | None:
 
 
 def test_a_new_attempt_records_its_mode_and_the_gang_announces_itself() -> None:
-    d = step(make_job(), True)
+    d = step(make_job(), SERVED)
     assert cond(d, gang.CONDITION) == ("True", "PodGroup") and d.create_ranks == [0, 1]
     assert [e.reason for e in d.events] == [gang.CONDITION, "Created"]
-    fallback = step(make_job(), False)
+    fallback = step(make_job(), NOTHING)
     assert cond(fallback, gang.CONDITION) == ("False", "NotServed") and fallback.create_ranks == [0, 1]
     assert [e.reason for e in fallback.events] == ["Created"]  # the condition says it; no Event
 
 
 def test_the_mode_is_kept_while_the_attempt_has_pods() -> None:
-    job = advance(make_job(), step(make_job(), True))
+    job = advance(make_job(), step(make_job(), SERVED))
     pods = [pod_view(job, r) for r in range(2)]
     # Discovery changed its answer mid-attempt: the pods already joined their PodGroup.
-    assert cond(step(job, False, pods), gang.CONDITION) == ("True", "PodGroup")
+    assert cond(step(job, NOTHING, pods), gang.CONDITION) == ("True", "PodGroup")
 
 
 def test_the_local_runner_has_no_scheduler_to_ask() -> None:
@@ -119,7 +149,7 @@ def test_the_local_runner_has_no_scheduler_to_ask() -> None:
 
 
 def test_native_where_the_api_is_not_served_fails_the_job_before_any_pod() -> None:
-    d = step(make_job(scheduling={"gang": "native"}), False)
+    d = step(make_job(scheduling={"gang": "native"}), NOTHING)
     assert cond(d, "Failed") == ("True", "GangSchedulingUnavailable") and d.create_ranks == []
     assert [(e.type, e.reason) for e in d.events] == [("Warning", "GangSchedulingUnavailable")]
 
@@ -133,30 +163,30 @@ UNSCHEDULABLE = {
 
 
 def test_unschedulable_pods_are_explained_with_the_schedulers_message() -> None:
-    job = advance(make_job(), step(make_job(), True))
+    job = advance(make_job(), step(make_job(), SERVED))
     waiting = [pod_view(job, r, conditions=[UNSCHEDULABLE]) for r in range(2)]
-    d = step(job, True, waiting)
+    d = step(job, SERVED, waiting)
     condition = get_condition(d.status, "PodsScheduled")
     assert condition is not None and (condition.status, condition.reason) == ("False", "Unschedulable")
     assert condition.message == "pod j-node-0: 0/3 nodes are available: 3 Insufficient cpu."
     assert [(e.type, e.reason) for e in d.events] == [("Warning", "Unschedulable")]
     job = advance(job, d)
-    assert step(job, True, waiting).events == []  # still waiting: one Event, not one per pass
+    assert step(job, SERVED, waiting).events == []  # still waiting: one Event, not one per pass
     placed = [pod_view(job, r, node="n1") for r in range(2)]
-    assert cond(step(job, True, placed), "PodsScheduled") == ("True", "AllPodsScheduled")
+    assert cond(step(job, SERVED, placed), "PodsScheduled") == ("True", "AllPodsScheduled")
 
 
 def test_the_scheduling_timeout_still_fails_an_unplaceable_gang() -> None:
     job = make_job(runPolicy={"schedulingTimeoutSeconds": 60})
-    job = advance(job, step(job, True))
+    job = advance(job, step(job, SERVED))
     waiting = [pod_view(job, r, conditions=[UNSCHEDULABLE]) for r in range(2)]
-    d = decide(job, UID, waiting, True, T0 + timedelta(seconds=61), Policy(podgroups_served=True))
+    d = decide(job, UID, waiting, True, T0 + timedelta(seconds=61), Policy(group_apis=SERVED))
     assert cond(d, "Failed") == ("True", "Unschedulable")
 
 
 def test_a_job_never_unschedulable_gets_no_pods_scheduled_condition() -> None:
-    job = advance(make_job(), step(make_job(), True))
-    assert cond(step(job, True, [pod_view(job, r, node="n1") for r in range(2)]), "PodsScheduled") is None
+    job = advance(make_job(), step(make_job(), SERVED))
+    assert cond(step(job, SERVED, [pod_view(job, r, node="n1") for r in range(2)]), "PodsScheduled") is None
 
 
 def test_the_scheduling_group_is_the_operators_not_the_templates() -> None:

@@ -29,12 +29,14 @@ pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[2]
 NODES = ("slot-0", "slot-1", "slot-2")
 ONE_CPU = {"requests": {"cpu": "1"}}
+COSCHEDULING_CRD = Path(__file__).parent / "crds" / "scheduling.x-k8s.io_podgroups.yaml"
 
 
 @pytest.fixture(scope="module")
 def gang_plane() -> Iterator[ControlPlane]:
     """A control plane of this module's own (the session's has no scheduler), with the PodGroup
-    API served and enforced, the CRD installed and three one-CPU Nodes."""
+    API served and enforced, our CRD and scheduler-plugins' PodGroup CRD installed, and three
+    one-CPU Nodes."""
     try:
         bin_dir = controlplane.find_k8s_bin()
     except Unavailable as exc:
@@ -43,10 +45,11 @@ def gang_plane() -> Iterator[ControlPlane]:
         bin_dir=bin_dir,
         scheduler=True,
         feature_gates=dict.fromkeys(gang.FEATURE_GATES, True),
-        runtime_config=[f"{gang.API_VERSION}=true"],
+        runtime_config=[f"{gang.NATIVE.api_version}=true"],
     )
     try:
         controlplane.install_crds(cp, ROOT / "crds")
+        controlplane.install_crds(cp, COSCHEDULING_CRD)
         with cp.api_client() as api:
             for name in NODES:
                 schedulable_node(client.CoreV1Api(api), name, cpu="1")
@@ -113,7 +116,7 @@ def test_native_gang_runs_one_job_whole_and_the_other_not_at_all(
     wait_for(lambda: len(bound(cluster, winner)) == 2, 30, f"both pods of {winner} bound")
     assert bound(cluster, loser) == []
     stored = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        gang.GROUP, gang.VERSION, cluster.namespace, gang.PLURAL, f"{winner}-0"
+        gang.NATIVE.group, gang.NATIVE.version, cluster.namespace, gang.NATIVE.plural, f"{winner}-0"
     )
     assert stored["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
     assert stored["spec"]["disruptionMode"] == "Pod"  # PodGroup needs the WorkloadAwarePreemption gate
@@ -237,8 +240,9 @@ def test_a_gang_larger_than_the_cluster_binds_nothing_and_fails_at_the_schedulin
 
 
 def podgroups(api: Any, cluster: Cluster, job: str) -> list[str]:
+    native, selector = gang.NATIVE, f"{naming.LABEL_JOB}={job}"
     found = client.CustomObjectsApi(api).list_namespaced_custom_object(
-        gang.GROUP, gang.VERSION, cluster.namespace, gang.PLURAL, label_selector=f"{naming.LABEL_JOB}={job}"
+        native.group, native.version, cluster.namespace, native.plural, label_selector=selector
     )["items"]
     return sorted(g["metadata"]["name"] for g in found)
 
@@ -259,3 +263,23 @@ def test_a_gang_restart_replaces_the_attempts_podgroup(cluster: Cluster, operato
     wait_for(replaced, 60, "PodGroup r-0 gone with attempt 0, r-1 in its place")
     pods = cluster.wait_pods("r", 2, attempt=1)
     assert {p.spec.scheduling_group.pod_group_name for p in pods} == {"r-1"}
+
+
+def test_coscheduling_creates_the_scheduler_plugins_podgroup(
+    cluster: Cluster, operator: OperatorProcess, api: Any
+) -> None:
+    # No scheduler runs the Coscheduling plugin here: the test reads what the API server
+    # stored, and the pods wait for a scheduler that never comes.
+    plugins = "scheduler-plugins-scheduler"
+    cluster.create_job("c", nodes=2, resources=ONE_CPU, scheduling={"gang": "coscheduling"}, schedulerName=plugins)
+    pods = cluster.wait_pods("c", 2, attempt=0)
+    assert {(p.metadata.labels[gang.COSCHEDULING_LABEL], p.spec.scheduler_name) for p in pods} == {("c-0", plugins)}
+    assert all(p.spec.scheduling_group is None for p in pods)
+    stored = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        gang.COSCHEDULING.group, gang.COSCHEDULING.version, cluster.namespace, gang.COSCHEDULING.plural, "c-0"
+    )
+    assert stored["spec"]["minMember"] == 2
+    assert [o["name"] for o in stored["metadata"]["ownerReferences"]] == ["c"]
+    job = cluster.wait_job("c", has_condition(gang.CONDITION, reason="Coscheduling"), "GangScheduling (Coscheduling)")
+    assert "GangScheduling" in [e.reason for e in cluster.events("c")]
+    assert condition(job, "PodsScheduled") is None  # no scheduler has looked at the pods
