@@ -92,9 +92,10 @@ def choose(spec: TrainingJobSpec, served: frozenset[str]) -> Choice:
 
 def attempt_mode(condition_status: str, reason: str) -> Mode:
     """The mode the GangScheduling condition recorded for the current attempt."""
-    if condition_status == "True":
-        return next(mode for mode, api in APIS.items() if api.reason == reason)
-    return "none"
+    if condition_status != "True":
+        return "none"
+    # A reason this operator does not know (a newer one wrote it) names no PodGroup it can make.
+    return next((mode for mode, api in APIS.items() if api.reason == reason), "none")
 
 
 def podgroup_name(job: str, attempt: int) -> str:

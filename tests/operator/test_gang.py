@@ -92,7 +92,12 @@ def test_render_coscheduling_podgroup() -> None:
 
 @pytest.mark.parametrize(
     ("status", "reason", "mode"),
-    [("True", "PodGroup", NATIVE), ("True", "Coscheduling", "coscheduling"), ("False", "NotServed", NONE)],
+    [
+        ("True", "PodGroup", NATIVE),
+        ("True", "Coscheduling", "coscheduling"),
+        ("False", "NotServed", NONE),
+        ("True", "SomeFutureKind", NONE),
+    ],
 )
 def test_the_condition_names_the_attempts_mode(status: str, reason: str, mode: str) -> None:
     assert gang.attempt_mode(status, reason) == mode
