@@ -26,11 +26,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
-from kubetrain.operator import metrics, progress, refusal
-from kubetrain.operator.kube import Conflict, Kube, Refused
+from kubetrain.operator import gang, metrics, progress, refusal
+from kubetrain.operator.kube import ApiError, Conflict, Kube, Refused
 from kubetrain.operator.render import render_pod, render_service
 from kubetrain.operator.settings import OperatorSettings
-from kubetrain.operator.status import Decision, Event, PodView, StaleView, decide, parse_time
+from kubetrain.operator.status import Decision, Event, PodView, StaleView, decide, get_condition, parse_time
 from kubetrain.operator.workqueue import Key, WorkQueue
 
 log = logging.getLogger("kubetrain.operator")
@@ -41,6 +41,9 @@ Index = Mapping[Any, Collection[Any]]  # kopf's index: (namespace, job) -> the i
 EXPECTATIONS_TIMEOUT_SECONDS = 60.0
 # Retries of a transiently refused creation (a missing ServiceAccount, a quota): 1 s doubling to 60 s.
 REFUSAL_BACKOFF_SECONDS = (1.0, 60.0)
+# How long a discovery answer (which PodGroup APIs are served?) is trusted: feature gates and
+# CRDs change rarely.
+DISCOVERY_TTL_SECONDS = 300.0
 PHASES = ("Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 
 
@@ -102,6 +105,9 @@ class Controller:
         self.pods: Index = {}
         self.services: Index = {}
         self.queue = WorkQueue(self.reconcile)
+        self._group_apis: tuple[float, frozenset[str]] | None = None  # (monotonic time, served)
+        # One discovery request at a time: a burst of new jobs must not send one each.
+        self._discovery = asyncio.Lock()
 
     # --- what the watches see -----------------------------------------------------------
     def watch(self, pods: Index, services: Index) -> None:
@@ -168,12 +174,13 @@ class Controller:
         pods = state.expectations.pods(self.pods.get(key, ()))
         service_exists = state.expectations.service or bool(self.services.get(key))
         now = datetime.now(UTC).replace(microsecond=0)
+        policy = replace(self.settings.policy, group_apis=await self._served_group_apis())
         try:
-            decision = decide(job, body["metadata"]["uid"], pods, service_exists, now, self.settings.policy)
+            decision = decide(job, body["metadata"]["uid"], pods, service_exists, now, policy)
             # A gang failure: rank 0 may have recorded `done` since the last read (progress.py).
             if progress.recheck(job.status, decision.status) and (text := await self._read_rank0(key, state, pods)):
                 job = job.model_copy(update={"status": progress.fold(job.status or TrainingJobStatus(), text)})
-                decision = decide(job, body["metadata"]["uid"], pods, service_exists, now, self.settings.policy)
+                decision = decide(job, body["metadata"]["uid"], pods, service_exists, now, policy)
             else:
                 await self._read_progress(key, state, job, decision, pods)
         except StaleView as stale:
@@ -182,6 +189,17 @@ class Controller:
             return await self._apply(key, state, job, decision)
         except Conflict:
             return await self._reread(key, state, None)
+
+    async def _served_group_apis(self) -> frozenset[str]:
+        """Discovery of the PodGroup APIs (operator/gang.py), cached for DISCOVERY_TTL_SECONDS."""
+        async with self._discovery:
+            now = time.monotonic()
+            if self._group_apis is None or now - self._group_apis[0] > DISCOVERY_TTL_SECONDS:
+                served = [
+                    api.api_version for api in gang.APIS.values() if await self.kube.serves(api.api_version, api.plural)
+                ]
+                self._group_apis = (now, frozenset(served))
+            return self._group_apis[1]
 
     async def _reread(self, key: Key, state: JobState, stale: StaleView | None) -> float | None:
         """The cached job was out of date (`stale`: its status is behind its pods; else a
@@ -275,12 +293,17 @@ class Controller:
     ) -> tuple[bool, refusal.Refusal | None]:
         """Create the decision's Service and pods: whether any was created (or existed), and
         the refusal that decides the job's fate (a permanent one over a transient one)."""
-        namespace, uid = key[0], state.body["metadata"]["uid"]
+        namespace, uid, attempt = key[0], state.body["metadata"]["uid"], decision.status.attempt
+        pods = [render_pod(job, namespace, uid, rank, attempt, self.settings.render) for rank in decision.create_ranks]
+        recorded = get_condition(decision.status, gang.CONDITION)
+        mode = "none" if recorded is None else gang.attempt_mode(recorded.status, recorded.reason)
+        if pods and mode != "none":
+            blocked = await self._create_podgroup(job, namespace, uid, attempt, mode)
+            if blocked is not None:  # without its PodGroup no pod of the gang could be placed
+                return False, blocked
+            pods = [gang.join(pod, gang.podgroup_name(job.name, attempt), mode) for pod in pods]
         objects = [render_service(job, namespace, uid)] if decision.create_service else []
-        objects += [
-            render_pod(job, namespace, uid, rank, decision.status.attempt, self.settings.render)
-            for rank in decision.create_ranks
-        ]
+        objects += pods
         results = await asyncio.gather(*(self.kube.create(obj) for obj in objects), return_exceptions=True)
         refusals: list[refusal.Refusal] = []
         errors: list[BaseException] = []
@@ -297,6 +320,22 @@ class Controller:
             raise errors[0]
         refusals.sort(key=lambda r: r.transient)
         return len(refusals) < len(objects), (refusals[0] if refusals else None)
+
+    async def _create_podgroup(
+        self, job: TrainingJob, namespace: str, uid: str, attempt: int, mode: gang.Mode
+    ) -> refusal.Refusal | None:
+        """The attempt's PodGroup, after older attempts' ones are deleted (they go with their
+        attempt; the API server keeps each until its pods are gone)."""
+        api = gang.APIS[mode]
+        try:
+            await self.kube.delete_collection(api.api_version, namespace, api.plural, gang.stale_selector(uid, attempt))
+        except ApiError as error:  # the job's deletion collects them anyway
+            log.warning("%s/%s: deleting older PodGroups failed: %s", namespace, job.name, error)
+        try:
+            await self.kube.create(gang.render_podgroup(job, namespace, uid, attempt, mode))
+        except Refused as refused:
+            return refusal.classify(refused.status, refused.message)
+        return None
 
     async def _announce(self, key: Key, body: dict[str, Any], status: TrainingJobStatus, events: list[Event]) -> None:
         """Post the events, log them, count them in the metrics."""

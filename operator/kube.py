@@ -69,6 +69,13 @@ def _core(namespace: str, plural: str, name: str = "") -> str:
     return f"/api/v1/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
 
 
+def _namespaced(api_version: str, namespace: str, plural: str) -> str:
+    """The collection path of a namespaced kind: core/v1 lives under /api, groups under /apis."""
+    if api_version == "v1":
+        return _core(namespace, plural)
+    return f"/apis/{api_version}/namespaces/{namespace}/{plural}"
+
+
 def _job_path(namespace: str, name: str, subresource: str = "") -> str:
     path = f"/apis/{naming.GROUP}/{naming.VERSION}/namespaces/{namespace}/{naming.PLURAL}/{name}"
     return path + (f"/{subresource}" if subresource else "")
@@ -145,11 +152,12 @@ class Kube:
 
     # --- children -----------------------------------------------------------------------
     async def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
-        """Create a Pod or Service; None if one of that name exists already. Raises `Refused` on 403/422."""
+        """Create a Pod, Service or PodGroup; None if one of that name exists already. Raises
+        `Refused` on 403/422."""
         plural = obj["kind"].lower() + "s"
         API_WRITES.labels("create", plural).inc()
         try:
-            path = _core(obj["metadata"]["namespace"], plural)
+            path = _namespaced(obj["apiVersion"], obj["metadata"]["namespace"], plural)
             created: dict[str, Any] = json.loads(await self._request("POST", path, obj))
         except ApiError as exc:
             if exc.status == 409:
@@ -169,6 +177,26 @@ class Kube:
             # newer pod, which must live.
             if exc.status not in (404, 409):
                 raise
+
+    async def delete_collection(self, api_version: str, namespace: str, plural: str, selector: str) -> None:
+        """Delete what `selector` matches (nothing matching, or the API gone, is fine)."""
+        API_WRITES.labels("deletecollection", plural).inc()
+        try:
+            path = _namespaced(api_version, namespace, plural)
+            await self._request("DELETE", path, query={"labelSelector": selector})
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    async def serves(self, api_version: str, plural: str) -> bool:
+        """Discovery: whether the API server serves `plural` in `api_version` (group/version)."""
+        try:
+            found = json.loads(await self._request("GET", f"/apis/{api_version}", side=True))
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return any(r.get("name") == plural for r in found.get("resources") or [])
 
     # --- the TrainingJob ----------------------------------------------------------------
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -11,8 +11,9 @@ callers fold from rank 0's records with `kubetrain.api.records.fold`).
 beside the stages that implement them.)
 
 `decide` is a dispatcher over named stages, each returning the Decision once it decided:
-finished (cleanup, TTL) → suspend → resume → first problem → restart-or-fail → success →
-timeouts → stalled → converge (create what is missing, delete older attempts).
+finished (cleanup, TTL) → suspend → resume → gang mode (operator/gang.py) → first problem →
+restart-or-fail → success → timeouts → stalled → placement (PodsScheduled) → converge (create
+what is missing, delete older attempts).
 
 Definitions the README repeats:
   * Success: every node's pod of the current attempt exited 0 (phase Succeeded). A job
@@ -54,6 +55,7 @@ from kubetrain.api.models import (
     TrainingJob,
     TrainingJobStatus,
 )
+from kubetrain.operator import gang
 from kubetrain.operator.conditions import derive_phase, get_condition, is_true, set_condition
 from kubetrain.operator.decision import DEFAULT_POLICY, Decision, Event, Policy, StaleView
 from kubetrain.operator.failures import (
@@ -154,6 +156,9 @@ def decide(
     if job.spec.run_policy.suspend:
         return _suspend(run)
     _resume(run)
+    unavailable = _choose_gang(run)
+    if unavailable is not None:
+        return _finish(run, False, "GangSchedulingUnavailable", unavailable)
     problem = _first_problem(run)
     if problem is not None:
         return _restart_or_fail(run, problem, service_exists)
@@ -165,6 +170,7 @@ def decide(
     stall = _stalled(run)
     if stall is not None:
         return _restart_or_fail(run, stall, service_exists)
+    _placement(run)
     return _converge(run, service_exists)
 
 
@@ -194,6 +200,22 @@ def _resume(run: _Pass) -> None:
     if is_true(run.status, "Suspended"):
         run.condition("Suspended", False, "Resumed", "runPolicy.suspend is false: the gang is recreated")
         run.decision.events.append(Event("Normal", "Resumed", "job resumed"))
+
+
+def _choose_gang(run: _Pass) -> str | None:
+    """Before an attempt's first pod, record its gang mode (operator/gang.py) in the
+    GangScheduling condition; the message that fails the job when the mode cannot be had."""
+    served = run.policy.group_apis
+    if served is None or run.current:
+        return None
+    choice = gang.choose(run.job.spec, served)
+    if choice.mode is None:
+        return choice.message
+    grouped = choice.mode != "none"
+    # The condition says which mode every job got; only the gang's start is worth an Event.
+    if run.condition(gang.CONDITION, grouped, choice.reason, choice.message) and grouped:
+        run.decision.events.append(Event("Normal", gang.CONDITION, choice.message))
+    return None
 
 
 def _first_problem(run: _Pass) -> Problem | None:
@@ -300,6 +322,28 @@ def _timed_out(run: _Pass) -> tuple[str, str] | None:
             )
         run.decision.requeue((due - run.now).total_seconds())
     return None
+
+
+def _placement(run: _Pass) -> None:
+    """PodsScheduled=False (Unschedulable) with the scheduler's own message while a pod of the
+    attempt waits for a node (with a gang no pod binds until all fit, and nothing else would
+    say why); True again once every pod is bound."""
+    nodes = run.job.spec.nodes
+    waiting = sorted(
+        (p.rank or 0, p.name, c.message)
+        for p in run.current
+        if not p.scheduled
+        for c in p.conditions
+        if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+    )
+    if waiting:
+        _, pod, said = waiting[0]
+        message = f"pod {pod}: {said}"
+        if run.condition("PodsScheduled", False, "Unschedulable", message):
+            run.decision.events.append(Event("Warning", "Unschedulable", message))
+    elif len(_by_rank(run.current)) == nodes and all(p.scheduled for p in run.current):
+        message = f"all {nodes} pods of attempt {run.status.attempt} are bound to nodes"
+        run.condition("PodsScheduled", True, "AllPodsScheduled", message, only_if_present=True)
 
 
 def _stalled(run: _Pass) -> Problem | None:

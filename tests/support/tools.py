@@ -33,6 +33,8 @@ NAMESPACED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("", "pods/log", ("get",)),
     ("", "services", ("list", "watch", "create")),
     ("", "events", ("create",)),
+    ("scheduling.k8s.io", "podgroups", ("create", "deletecollection")),
+    ("scheduling.x-k8s.io", "podgroups", ("create", "deletecollection")),
 ]
 CLUSTER_ONLY_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
