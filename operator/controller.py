@@ -25,12 +25,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kubetrain.api import naming
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
-from kubetrain.operator import metrics, progress, refusal
+from kubetrain.operator import kueue, metrics, progress, refusal
 from kubetrain.operator.kube import Conflict, Kube, Refused
 from kubetrain.operator.render import render_pod, render_service
 from kubetrain.operator.settings import OperatorSettings
-from kubetrain.operator.status import Decision, Event, PodView, StaleView, decide, parse_time
+from kubetrain.operator.status import Decision, Event, Hold, PodView, StaleView, decide, parse_time
 from kubetrain.operator.workqueue import Key, WorkQueue
 
 log = logging.getLogger("kubetrain.operator")
@@ -41,6 +42,9 @@ Index = Mapping[Any, Collection[Any]]  # kopf's index: (namespace, job) -> the i
 EXPECTATIONS_TIMEOUT_SECONDS = 60.0
 # Retries of a transiently refused creation (a missing ServiceAccount, a quota): 1 s doubling to 60 s.
 REFUSAL_BACKOFF_SECONDS = (1.0, 60.0)
+# A queued job whose Workload cannot be created yet (its WorkloadPriorityClass is missing, the
+# API server refused it) looks again this often.
+WORKLOAD_RETRY_SECONDS = 30.0
 PHASES = ("Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 
 
@@ -134,6 +138,10 @@ class Controller:
             state.expectations.gone(gone_uid)
         self.queue.add(key)
 
+    def workload_changed(self, key: Key) -> None:
+        if key in self.jobs:
+            self.queue.add(key)
+
     def service_changed(self, key: Key, gone: bool = False) -> None:
         state = self.jobs.get(key)
         if state is None:
@@ -168,20 +176,67 @@ class Controller:
         pods = state.expectations.pods(self.pods.get(key, ()))
         service_exists = state.expectations.service or bool(self.services.get(key))
         now = datetime.now(UTC).replace(microsecond=0)
+        uid, policy = body["metadata"]["uid"], self.settings.policy
         try:
-            decision = decide(job, body["metadata"]["uid"], pods, service_exists, now, self.settings.policy)
+            admission = await self._admission(key, uid, job, pods, now)
+            decision = decide(job, uid, pods, service_exists, now, policy, admission.hold)
             # A gang failure: rank 0 may have recorded `done` since the last read (progress.py).
             if progress.recheck(job.status, decision.status) and (text := await self._read_rank0(key, state, pods)):
                 job = job.model_copy(update={"status": progress.fold(job.status or TrainingJobStatus(), text)})
-                decision = decide(job, body["metadata"]["uid"], pods, service_exists, now, self.settings.policy)
+                decision = decide(job, uid, pods, service_exists, now, policy, admission.hold)
             else:
                 await self._read_progress(key, state, job, decision, pods)
         except StaleView as stale:
             return await self._reread(key, state, stale)
+        if admission.retry:
+            decision.requeue(WORKLOAD_RETRY_SECONDS)
         try:
-            return await self._apply(key, state, job, decision)
+            return await self._apply(key, state, job, decision, admission.flavors)
         except Conflict:
             return await self._reread(key, state, None)
+
+    async def _admission(
+        self, key: Key, uid: str, job: TrainingJob, pods: list[PodView], now: datetime
+    ) -> kueue.Admission:
+        """Kueue's say on a queued job (operator/kueue.py): create its Workload, hand back an
+        evicted one's quota, mark a finished job's Workload Finished. Other jobs just run."""
+        if kueue.queue_name(job) is None:
+            return kueue.Admission(None)
+        namespace = key[0]
+        workload = await self.kube.get_kueue("workloads", kueue.workload_name(job.name), namespace)
+        if workload is not None and workload["metadata"].get("labels", {}).get(naming.LABEL_JOB_UID) != uid:
+            workload = None  # a deleted job's of the same name, which the garbage collector is removing
+        ended = [c for c in (job.status.conditions if job.status else None) or [] if c.type in ("Succeeded", "Failed")]
+        if any(c.status == "True" for c in ended):
+            done = workload and kueue.finish(workload, ended[0].type == "Succeeded", ended[0].message, now)
+            if workload is not None and done:
+                await self.kube.replace_workload_status(workload, done)
+            return kueue.Admission(None)
+        if workload is None:
+            return await self._create_workload(namespace, uid, job)
+        verdict = kueue.admission(job, workload, pods_left=bool(pods))
+        if verdict.acknowledge:
+            await self.kube.replace_workload_status(workload, kueue.acknowledge_eviction(workload, now))
+        return verdict
+
+    async def _create_workload(self, namespace: str, uid: str, job: TrainingJob) -> kueue.Admission:
+        priority, name = None, kueue.priority_class(job)
+        if name is not None:
+            found = await self.kube.get_kueue("workloadpriorityclasses", name)
+            if found is None:
+                message = f"the label {kueue.PRIORITY_LABEL} names WorkloadPriorityClass {name}, which does not exist"
+                return kueue.Admission(Hold("WorkloadPriorityClassNotFound", message), retry=True)
+            priority = int(found.get("value", 0))
+        attempt = job.status.attempt if job.status else 0
+        pod = render_pod(job, namespace, uid, 0, attempt, self.settings.render)
+        workload = kueue.render_workload(job, namespace, uid, pod, priority)
+        try:
+            await self.kube.create_workload(workload)
+        except Refused as refused:
+            message = f"the API server refused Workload {workload['metadata']['name']}: {refused.message}"
+            return kueue.Admission(Hold("WorkloadRefused", message), retry=True)
+        message = f"created Workload {workload['metadata']['name']} in LocalQueue {kueue.queue_name(job)}"
+        return kueue.Admission(Hold("WaitingForAdmission", message))
 
     async def _reread(self, key: Key, state: JobState, stale: StaleView | None) -> float | None:
         """The cached job was out of date (`stale`: its status is behind its pods; else a
@@ -224,7 +279,9 @@ class Controller:
             return None
 
     # --- apply --------------------------------------------------------------------------
-    async def _apply(self, key: Key, state: JobState, job: TrainingJob, decision: Decision) -> float | None:
+    async def _apply(
+        self, key: Key, state: JobState, job: TrainingJob, decision: Decision, flavors: tuple[str, ...] = ()
+    ) -> float | None:
         namespace, name = key
         # A status write moves resourceVersion on; the cached body itself stays untouched.
         body = {**state.body, "metadata": dict(state.body["metadata"])}
@@ -234,7 +291,7 @@ class Controller:
         if committed:
             await self._write_status(state, body, decided_wire)
         await asyncio.gather(*(self._delete(state, namespace, pod, uid) for pod, uid in decision.delete_pods))
-        created, refused = await self._create(key, state, job, decision)
+        created, refused = await self._create(key, state, job, decision, flavors)
         now = datetime.now(UTC).replace(microsecond=0)
         status, events = refusal.settle(previous, decision, committed, refused, created, now)
         wire = decided_wire if status is decision.status else status.wire()
@@ -271,14 +328,19 @@ class Controller:
         state.expectations.deletions.add(uid)
 
     async def _create(
-        self, key: Key, state: JobState, job: TrainingJob, decision: Decision
+        self, key: Key, state: JobState, job: TrainingJob, decision: Decision, flavors: tuple[str, ...]
     ) -> tuple[bool, refusal.Refusal | None]:
-        """Create the decision's Service and pods: whether any was created (or existed), and
-        the refusal that decides the job's fate (a permanent one over a transient one)."""
+        """Create the decision's Service and pods (placed on the Kueue `flavors` admitted):
+        whether any was created (or existed), and the refusal that decides the job's fate (a
+        permanent one over a transient one)."""
         namespace, uid = key[0], state.body["metadata"]["uid"]
         objects = [render_service(job, namespace, uid)] if decision.create_service else []
+        where = kueue.Placement()
+        if flavors and decision.create_ranks:
+            found = await asyncio.gather(*(self.kube.get_kueue("resourceflavors", f) for f in flavors))
+            where = kueue.placement([f for f in found if f is not None])
         objects += [
-            render_pod(job, namespace, uid, rank, decision.status.attempt, self.settings.render)
+            kueue.place(render_pod(job, namespace, uid, rank, decision.status.attempt, self.settings.render), where)
             for rank in decision.create_ranks
         ]
         results = await asyncio.gather(*(self.kube.create(obj) for obj in objects), return_exceptions=True)
