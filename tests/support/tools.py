@@ -33,9 +33,13 @@ NAMESPACED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("", "pods/log", ("get",)),
     ("", "services", ("list", "watch", "create")),
     ("", "events", ("create",)),
+    ("kueue.x-k8s.io", "workloads", ("get", "list", "watch", "create")),
+    ("kueue.x-k8s.io", "workloads/status", ("update",)),
 ]
 CLUSTER_ONLY_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
+    ("kueue.x-k8s.io", "resourceflavors", ("get",)),
+    ("kueue.x-k8s.io", "workloadpriorityclasses", ("get",)),
 ]
 
 
