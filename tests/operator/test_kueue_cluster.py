@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from support.controlplane import ControlPlane, Unavailable
 from support.kubelet import FakeKubelet
 from support.objects import Cluster, condition, has_condition
 from support.operator_process import OperatorProcess
+from support.tools import ROOT, missing_tool
 from support.waiting import wait_for
 
 from kubetrain.api import naming
@@ -26,7 +26,6 @@ from kubetrain.operator import kueue
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 POOL_LABEL = "example.com/pool"
 TOLERATION = {"key": "example.com/batch", "operator": "Exists", "effect": "NoSchedule"}
 
@@ -35,13 +34,11 @@ TOLERATION = {"key": "example.com/batch", "operator": "Exists", "effect": "NoSch
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """This module's control plane, with Kueue running against it (and replacing the session's
     for the fixtures that build on `control_plane`: namespace, cluster, kubelet)."""
-    from conftest import unavailable
-
     try:
         kueue_support.find_kueue()
         cp = controlplane.start(bin_dir=controlplane.find_k8s_bin())
     except Unavailable as exc:
-        unavailable(str(exc))
+        missing_tool(str(exc))
     try:
         with kueue_support.running(cp):
             yield cp
@@ -57,9 +54,7 @@ def kube_api(control_plane: ControlPlane) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def crds_installed(control_plane: ControlPlane) -> ControlPlane:
-    control_plane.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(ROOT / "crds"))
-    return control_plane
+    return controlplane.install_crds(control_plane, ROOT / "crds")
 
 
 @pytest.fixture(scope="module")
