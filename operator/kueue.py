@@ -127,7 +127,8 @@ def admission(job: TrainingJob, workload: dict[str, Any], pods_left: bool) -> Ad
     evicted = _condition(workload, "Evicted")
     if evicted is not None and evicted.get("status") == "True":
         reason = str(evicted.get("reason") or "Evicted")
-        message = f"Kueue evicted Workload {name} ({reason}): {evicted.get('message', '')}; the pods are deleted"
+        detail = evicted.get("message", "")
+        message = f"Kueue evicted Workload {name} ({reason}): {detail}; no pods until it is admitted again"
         hold = Hold("Evicted" + reason if reason != "Evicted" else reason, message, disruption=True)
         return Admission(hold, acknowledge=not pods_left and _true(workload, "QuotaReserved"))
     if _true(workload, "Admitted"):

@@ -1,8 +1,8 @@
 """Kueue admission with the real Kueue controller (tests/support/kueue.py) on a control plane of
-this module's own: a ClusterQueue with quota for one 2-node job decides which TrainingJob
-runs; the operator creates the Workloads, holds the jobs Kueue has not admitted, places the
-admitted ones on their flavor, hands back the quota of a preempted one and marks finished
-ones Finished. Pods "run" through the FakeKubelet."""
+this module's own, the operator running as the chart's ServiceAccount: a ClusterQueue with
+quota for one 2-node job decides which TrainingJob runs; the operator creates the Workloads,
+holds the jobs Kueue has not admitted, places the admitted ones on their flavor, hands back the
+quota of a preempted one and marks finished ones Finished. Pods "run" through the FakeKubelet."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from support.controlplane import ControlPlane, Unavailable
 from support.kubelet import FakeKubelet
 from support.objects import Cluster, condition, has_condition
 from support.operator_process import OperatorProcess
-from support.tools import ROOT, missing_tool
+from support.tools import RELEASE_NAMESPACE, ROOT, chart_identity, missing_tool, rbac_refusals
 from support.waiting import wait_for
 
 from kubetrain.api import naming
@@ -59,11 +59,17 @@ def crds_installed(control_plane: ControlPlane) -> ControlPlane:
 
 @pytest.fixture(scope="module")
 def operator(crds_installed: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    proc = OperatorProcess(crds_installed.kubeconfig, log, namespaces="", log_level="debug").start()
+    """The operator as the chart's ServiceAccount (cluster mode): the chart's RBAC must cover
+    everything Kueue admission makes it do."""
+    workdir = tmp_path_factory.mktemp("operator")
+    crds_installed.kubectl("create", "namespace", RELEASE_NAMESPACE)
+    kubeconfig = chart_identity(crds_installed, RELEASE_NAMESPACE, workdir / "sa.kubeconfig")
+    proc = OperatorProcess(kubeconfig, workdir / "operator.log", namespaces="", log_level="debug").start()
     yield proc
     proc.stop()
-    assert "Traceback" not in proc.log(), proc.log()[-5000:]
+    log = proc.log()
+    assert not rbac_refusals(log), "\n".join(rbac_refusals(log))
+    assert "Traceback" not in log, log[-5000:]
 
 
 class Kueue:
