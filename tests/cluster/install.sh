@@ -172,7 +172,7 @@ build_kueue() {
   fi
   local go src
   go=$(find_go)
-  log "building $KUEUE_MODULE@$KUEUE_VERSION with $GO_TOOLCHAIN (cold: 30 min measured at load average 14 on 2 cores; ~1,900 packages)"
+  log "building $KUEUE_MODULE@$KUEUE_VERSION with $GO_TOOLCHAIN (cold: 30 min measured at load average 14 on 2 cores)"
   mkdir -p "$KUEUE_DIR/crds"
   # Built inside the downloaded module, as its own main module with its own go.sum (what
   # Kueue's Makefile does): `go install pkg@version` would also read the proxy's version list

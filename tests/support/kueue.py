@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -121,26 +123,38 @@ def start(cp: ControlPlane, timeout: float = 90) -> KueueProcess:
     """Install Kueue's CRDs and webhooks into `cp`, start its controller-manager, return once
     /readyz answers (the webhook server serves). Raises Unavailable when it is not built."""
     directory = find_kueue()
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        raise Unavailable(
+            "Kueue's metrics certificate path is fixed (/etc/kueue/metrics/certs): running it needs root and unshare"
+        )
     workdir = cp.workdir / "kueue"
-    cert_dir = workdir / "certs"
-    cert_dir.mkdir(parents=True)
-    # The webhook's serving certificate, signed by the control plane's CA for 127.0.0.1.
+    # The webhook's and the metrics server's certificate, signed by the control plane's CA for 127.0.0.1.
     ext = "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n"
-    controlplane._signed_cert("kueue-webhook", "/CN=kueue-webhook", ext, cp.workdir / "pki")
-    for source, target in (("kueue-webhook.crt", "tls.crt"), ("kueue-webhook.key", "tls.key")):
-        (cert_dir / target).write_bytes((cp.workdir / "pki" / source).read_bytes())
+    controlplane._signed_cert("kueue-serving", "/CN=kueue", ext, cp.workdir / "pki")
+    cert_dir, etc = workdir / "certs", workdir / "etc"
+    for folder in (cert_dir, etc / "upper" / "kueue" / "metrics" / "certs"):
+        folder.mkdir(parents=True)
+        for source, target in (("kueue-serving.crt", "tls.crt"), ("kueue-serving.key", "tls.key")):
+            (folder / target).write_bytes((cp.workdir / "pki" / source).read_bytes())
+    (etc / "work").mkdir()
     webhook_port, health_port, metrics_port = free_ports(3)
     config = workdir / "config.yaml"
     config.write_text(yaml.safe_dump(configuration(webhook_port, health_port, metrics_port, cert_dir)))
     _install(cp, directory, webhook_port)
+    # Without internal cert management Kueue reads its metrics certificate from a fixed path
+    # under /etc. It gets that path from an overlay on /etc in a mount namespace of its own:
+    # the host's /etc is never touched.
+    overlay = f"lowerdir=/etc,upperdir={etc / 'upper'},workdir={etc / 'work'}"
+    argv = [str(directory / "kueue"), f"--config={config}", "--zap-log-level=2"]
+    mount_then_exec = 'mount -t overlay kueue-etc -o "$0" /etc && exec "$@"'
     log = cp.logs / "kueue.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [str(directory / "kueue"), f"--config={config}", "--zap-log-level=2"],
+            ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", mount_then_exec, overlay, *argv],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={"KUBECONFIG": str(cp.kubeconfig), "PATH": "/usr/bin:/bin"},
+            env={"KUBECONFIG": str(cp.kubeconfig), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
             preexec_fn=controlplane._die_with_parent,
         )
     kueue = KueueProcess(proc, log, health_port)
