@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from kubetrain.api import naming
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
 from kubetrain.operator import kueue, metrics, progress, refusal
-from kubetrain.operator.kube import Conflict, Kube, Refused
+from kubetrain.operator.kube import ApiError, Conflict, Kube, Refused
 from kubetrain.operator.render import render_pod, render_service
 from kubetrain.operator.settings import OperatorSettings
 from kubetrain.operator.status import Decision, Event, Hold, PodView, StaleView, decide, parse_time
@@ -92,6 +92,7 @@ class JobState:
     progress_read_at: float | None = None  # event-loop time of the last read of rank 0's log
     phase: str | None = None  # as last written, for the jobs-by-phase gauge
     refusals: int = 0  # creation passes refused in a row: the retry backoff's exponent
+    placement: tuple[tuple[str, ...], kueue.Placement] | None = None  # Kueue flavors read, and where they place
 
 
 class Controller:
@@ -334,11 +335,16 @@ class Controller:
         whether any was created (or existed), and the refusal that decides the job's fate (a
         permanent one over a transient one)."""
         namespace, uid = key[0], state.body["metadata"]["uid"]
-        objects = [render_service(job, namespace, uid)] if decision.create_service else []
         where = kueue.Placement()
         if flavors and decision.create_ranks:
-            found = await asyncio.gather(*(self.kube.get_kueue("resourceflavors", f) for f in flavors))
-            where = kueue.placement([f for f in found if f is not None])
+            try:
+                where = await self._placement(state, flavors)
+            except (ApiError, LookupError) as error:
+                # Namespaced mode without the grant (README, "Kueue"), or a flavor deleted
+                # under a live admission: no pod may start off its flavor; retried with backoff.
+                message = f"the admitted ResourceFlavors ({', '.join(flavors)}) cannot be read: {error}"
+                return False, refusal.Refusal(True, "ResourceFlavorUnreadable", message)
+        objects = [render_service(job, namespace, uid)] if decision.create_service else []
         objects += [
             kueue.place(render_pod(job, namespace, uid, rank, decision.status.attempt, self.settings.render), where)
             for rank in decision.create_ranks
@@ -359,6 +365,17 @@ class Controller:
             raise errors[0]
         refusals.sort(key=lambda r: r.transient)
         return len(refusals) < len(objects), (refusals[0] if refusals else None)
+
+    async def _placement(self, state: JobState, flavors: tuple[str, ...]) -> kueue.Placement:
+        """The node labels and tolerations of the admitted flavors, read again only when the
+        admission names other flavors."""
+        if state.placement is None or state.placement[0] != flavors:
+            found = await asyncio.gather(*(self.kube.get_kueue("resourceflavors", f) for f in flavors))
+            missing = [name for name, flavor in zip(flavors, found, strict=True) if flavor is None]
+            if missing:
+                raise LookupError(f"ResourceFlavor {missing[0]} not found")
+            state.placement = (flavors, kueue.placement([f for f in found if f is not None]))
+        return state.placement[1]
 
     async def _announce(self, key: Key, body: dict[str, Any], status: TrainingJobStatus, events: list[Event]) -> None:
         """Post the events, log them, count them in the metrics."""

@@ -80,6 +80,8 @@ def render_workload(
             "name": workload_name(job.name),
             "namespace": namespace,
             "labels": {
+                # Kueue names the job by this in its messages (a preemption's "JobUID").
+                f"{GROUP}/job-uid": uid,
                 naming.LABEL_JOB: job.name,
                 naming.LABEL_JOB_UID: uid,
                 naming.LABEL_MANAGED_BY: naming.MANAGED_BY,
