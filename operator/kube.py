@@ -279,15 +279,22 @@ class Kube:
 
     async def replace_workload_status(self, workload: dict[str, Any], status: dict[str, Any]) -> None:
         """Write a Workload's whole status, conditional on the resourceVersion it was read at."""
+        await self._replace_workload(workload, {**workload, "status": status}, "/status")
+
+    async def replace_workload_spec(self, workload: dict[str, Any], spec: dict[str, Any]) -> None:
+        """Write a Workload's spec (spec.active), conditional on the resourceVersion it was read at."""
+        await self._replace_workload(workload, {**workload, "spec": spec}, "")
+
+    async def _replace_workload(self, workload: dict[str, Any], document: dict[str, Any], subresource: str) -> None:
         meta = workload["metadata"]
-        API_WRITES.labels("update", "workloads/status").inc()
-        path = _kueue_path("workloads", meta["name"], meta["namespace"]) + "/status"
+        API_WRITES.labels("update", "workloads" + subresource).inc()
+        path = _kueue_path("workloads", meta["name"], meta["namespace"]) + subresource
         try:
-            await self._request("PUT", path, {**workload, "status": status}, side=True)
+            await self._request("PUT", path, document, side=True)
         except ApiError as exc:
-            if exc.status == 409:
-                raise Conflict(f"Workload {meta['namespace']}/{meta['name']} changed since it was read") from exc
-            if exc.status != 404:
+            # 409: Kueue changed it since it was read; that change's watch event reconciles
+            # the job again, from the newer Workload. 404: gone with its job.
+            if exc.status not in (404, 409):
                 raise
 
     async def read_log(self, namespace: str, pod: str, tail_lines: int) -> str:

@@ -15,6 +15,8 @@ a TrainingJob's Workload has a controller outside Kueue:
     (`acknowledge_eviction`), and Kueue admits it again later: the new attempt resumes from
     the checkpoint. The lost attempt counts as a disruption, not against maxRestarts.
   * Finished job: the Workload gets condition Finished (`finish`), which releases its quota.
+  * runPolicy.suspend deactivates the Workload (`activation`): Kueue evicts it, and the quota
+    is handed back as after a preemption; unsuspended, it queues again.
 """
 
 from __future__ import annotations
@@ -141,6 +143,14 @@ def admission(job: TrainingJob, workload: dict[str, Any], pods_left: bool) -> Ad
     detail = f": {reserved['message']}" if reserved and reserved.get("message") else ""
     message = f"waiting for Kueue to admit Workload {name} in LocalQueue {queue}{detail}"
     return Admission(Hold("WaitingForAdmission", message))
+
+
+def activation(job: TrainingJob, workload: dict[str, Any]) -> bool | None:
+    """The Workload's spec.active when it must change, else None: runPolicy.suspend
+    deactivates it, so Kueue evicts it and frees its quota while the job is suspended (what
+    Kueue's own integrations get from a suspended job)."""
+    wanted = not job.spec.run_policy.suspend
+    return None if (workload.get("spec") or {}).get("active", True) == wanted else wanted
 
 
 def placement(flavors: list[dict[str, Any]]) -> Placement:

@@ -195,3 +195,13 @@ def test_waiting_then_evicted_is_announced() -> None:
     job = queued_job().model_copy(update={"status": TrainingJobStatus.model_validate(waiting.status.wire())})
     d = decide(job, UID, [], False, T0, hold=PREEMPTED)
     assert [e.reason for e in d.events] == ["Suspended"] and d.status.uncounted_restarts == 0
+
+
+@pytest.mark.parametrize(
+    ("suspend", "active", "wanted"),
+    [(False, None, None), (False, True, None), (True, None, False), (True, False, None), (False, False, True)],
+)
+def test_runpolicy_suspend_deactivates_the_workload(suspend: bool, active: bool | None, wanted: bool | None) -> None:
+    job = queued_job(runPolicy={"suspend": suspend})
+    wl = {"metadata": {"name": "w"}, "spec": {} if active is None else {"active": active}}
+    assert kueue.activation(job, wl) == wanted

@@ -217,6 +217,30 @@ def test_a_preempted_job_suspends_and_resumes_from_its_checkpoint_uncharged(
     assert (done["attempt"], done["restarts"], done["uncountedRestarts"]) == (1, 0, 1)
 
 
+def test_suspending_a_queued_job_frees_its_quota_for_the_next(
+    operator: OperatorProcess, cluster: Cluster, kubelet: FakeKubelet, kube_api: Any
+) -> None:
+    objects = Kueue(kube_api, cluster.namespace)
+    queue = objects.queue(cpu=2)
+    create_job(cluster, "paused", queue)
+    run_gang(cluster, kubelet, "paused", 0)
+    create_job(cluster, "next", queue)
+    cluster.wait_job("next", waiting_for_admission, "next held while paused has the quota")
+
+    cluster.patch_spec("paused", {"runPolicy": {"suspend": True}})
+    run_gang(cluster, kubelet, "next", 0)  # the deactivated Workload's quota went to it
+    workload = objects.workload("paused")
+    assert workload["spec"]["active"] is False and "admission" not in workload["status"]
+    assert (condition(workload, "Requeued") or {}).get("status") == "False"  # not requeued while inactive
+
+    cluster.patch_spec("paused", {"runPolicy": {"suspend": False}})
+    wait_for(lambda: objects.workload("paused")["spec"].get("active") is True, 30, "paused's Workload active again")
+    finish_gang(cluster, kubelet, "next")
+    run_gang(cluster, kubelet, "paused", 1)
+    done = finish_gang(cluster, kubelet, "paused")["status"]
+    assert (done["attempt"], done["restarts"], done["uncountedRestarts"]) == (1, 0, 0)
+
+
 def volumes_and_env(pod: Any) -> tuple[Any, ...]:
     claims = sorted(v.persistent_volume_claim.claim_name for v in pod.spec.volumes if v.persistent_volume_claim)
     env = {e.name: e.value for e in pod.spec.containers[0].env or []}

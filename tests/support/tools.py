@@ -33,7 +33,7 @@ NAMESPACED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("", "pods/log", ("get",)),
     ("", "services", ("list", "watch", "create")),
     ("", "events", ("create",)),
-    ("kueue.x-k8s.io", "workloads", ("get", "list", "watch", "create")),
+    ("kueue.x-k8s.io", "workloads", ("get", "list", "watch", "create", "update")),
     ("kueue.x-k8s.io", "workloads/status", ("update",)),
 ]
 CLUSTER_ONLY_RULES: list[tuple[str, str, tuple[str, ...]]] = [
