@@ -72,7 +72,7 @@ def operator(crds_installed: ControlPlane, tmp_path_factory: pytest.TempPathFact
     assert "Traceback" not in log, log[-5000:]
 
 
-class Kueue:
+class KueueObjects:
     """Kueue's objects for one test: a flavor, a ClusterQueue with `cpu` of quota, a LocalQueue."""
 
     def __init__(self, api: Any, namespace: str) -> None:
@@ -114,6 +114,11 @@ class Kueue:
         return found
 
 
+@pytest.fixture
+def objects(kube_api: Any, cluster: Cluster) -> KueueObjects:
+    return KueueObjects(kube_api, cluster.namespace)
+
+
 def create_job(cluster: Cluster, name: str, queue: str, priority: str | None = None) -> None:
     labels = {kueue.QUEUE_LABEL: queue, **({kueue.PRIORITY_LABEL: priority} if priority else {})}
     body = {
@@ -144,15 +149,19 @@ def finish_gang(cluster: Cluster, kubelet: FakeKubelet, job: str) -> dict[str, A
     return cluster.wait_job(job, has_condition("Succeeded"), f"{job} Succeeded")
 
 
+def restarts(status: dict[str, Any]) -> tuple[int, int, int]:
+    """(attempt, restarts, uncountedRestarts)"""
+    return status["attempt"], status["restarts"], status["uncountedRestarts"]
+
+
 def waiting_for_admission(job: dict[str, Any]) -> bool:
     suspended = condition(job, "Suspended") or {}
     return suspended.get("status") == "True" and suspended.get("reason") == "WaitingForAdmission"
 
 
 def test_one_job_runs_on_its_flavor_the_other_waits_in_the_queue_then_runs(
-    operator: OperatorProcess, cluster: Cluster, kubelet: FakeKubelet, kube_api: Any
+    operator: OperatorProcess, cluster: Cluster, kubelet: FakeKubelet, objects: KueueObjects
 ) -> None:
-    objects = Kueue(kube_api, cluster.namespace)
     queue = objects.queue(cpu=2)
     create_job(cluster, "first", queue)
     first_pods = cluster.wait_pods("first", 2, attempt=0)
@@ -182,13 +191,12 @@ def test_one_job_runs_on_its_flavor_the_other_waits_in_the_queue_then_runs(
 
     run_gang(cluster, kubelet, "second", 0)
     done = finish_gang(cluster, kubelet, "second")["status"]
-    assert (done["attempt"], done["restarts"], done["uncountedRestarts"]) == (0, 0, 0)
+    assert restarts(done) == (0, 0, 0)
 
 
 def test_a_preempted_job_suspends_and_resumes_from_its_checkpoint_uncharged(
-    operator: OperatorProcess, cluster: Cluster, kubelet: FakeKubelet, kube_api: Any
+    operator: OperatorProcess, cluster: Cluster, kubelet: FakeKubelet, objects: KueueObjects
 ) -> None:
-    objects = Kueue(kube_api, cluster.namespace)
     queue = objects.queue(cpu=2, preemption={"withinClusterQueue": "LowerPriority"})
     low, high = objects.priority("low", 100), objects.priority("high", 1000)
     create_job(cluster, "low", queue, low)
@@ -205,7 +213,7 @@ def test_a_preempted_job_suspends_and_resumes_from_its_checkpoint_uncharged(
     assert (condition(workload, "Requeued") or {}).get("status") == "True", workload["status"]
     assert "admission" not in workload["status"]
     low_status = (cluster.job("low") or {})["status"]
-    assert (low_status["attempt"], low_status["restarts"], low_status["uncountedRestarts"]) == (1, 0, 1)
+    assert restarts(low_status) == (1, 0, 1)
     assert cluster.live_pods("low") == []
 
     finish_gang(cluster, kubelet, "high")
@@ -214,13 +222,12 @@ def test_a_preempted_job_suspends_and_resumes_from_its_checkpoint_uncharged(
     # newest complete checkpoint it finds there (tests/operator/test_operator_resume.py).
     assert [volumes_and_env(p) for p in resumed] == [volumes_and_env(p) for p in first]
     done = finish_gang(cluster, kubelet, "low")["status"]
-    assert (done["attempt"], done["restarts"], done["uncountedRestarts"]) == (1, 0, 1)
+    assert restarts(done) == (1, 0, 1)
 
 
 def test_suspending_a_queued_job_frees_its_quota_for_the_next(
-    operator: OperatorProcess, cluster: Cluster, kubelet: FakeKubelet, kube_api: Any
+    operator: OperatorProcess, cluster: Cluster, kubelet: FakeKubelet, objects: KueueObjects
 ) -> None:
-    objects = Kueue(kube_api, cluster.namespace)
     queue = objects.queue(cpu=2)
     create_job(cluster, "paused", queue)
     run_gang(cluster, kubelet, "paused", 0)
@@ -238,7 +245,7 @@ def test_suspending_a_queued_job_frees_its_quota_for_the_next(
     finish_gang(cluster, kubelet, "next")
     run_gang(cluster, kubelet, "paused", 1)
     done = finish_gang(cluster, kubelet, "paused")["status"]
-    assert (done["attempt"], done["restarts"], done["uncountedRestarts"]) == (1, 0, 0)
+    assert restarts(done) == (1, 0, 0)
 
 
 def volumes_and_env(pod: Any) -> tuple[Any, ...]:
