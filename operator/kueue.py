@@ -41,6 +41,9 @@ EXTERNAL_FRAMEWORK = f"{naming.KIND}.{naming.VERSION}.{naming.GROUP}"
 POD_SET = "nodes"
 # Kueue's reasons for an eviction after which the Workload is requeued (Requeued True).
 REQUEUED_EVICTIONS = ("Preempted", "NodeFailures")
+# What makes the rendered rank-0 pod rank 0: the pod set stands for every rank.
+RANK_IDENTITY = ("hostname",)
+RANK_LABELS = (naming.LABEL_NODE_RANK, naming.LABEL_ROLE, naming.LABEL_ATTEMPT)
 
 
 def queue_name(job: TrainingJob) -> str | None:
@@ -62,19 +65,22 @@ def render_workload(
 ) -> dict[str, Any]:
     """The Workload of a job: `pod` is its rendered rank-0 pod, whose spec (resources, GPUs,
     nodeSelector, tolerations) is what Kueue needs to pick a flavor and count quota; every
-    rank asks for the same. `priority` is the value of the job's WorkloadPriorityClass: Kueue
-    orders and preempts by spec.priority, which only the creator can fill in."""
+    rank asks for the same (its hostname and rank labels are left out). `priority` is the
+    value of the job's WorkloadPriorityClass: Kueue orders and preempts by spec.priority,
+    which only the creator can fill in."""
     queue = queue_name(job)
     assert queue is not None, "only jobs with a queue get a Workload"
-    template = {"metadata": {"labels": dict(pod["metadata"].get("labels") or {})}, "spec": copy.deepcopy(pod["spec"])}
-    spec: dict[str, Any] = {
+    spec = {k: copy.deepcopy(v) for k, v in pod["spec"].items() if k not in RANK_IDENTITY}
+    labels = {k: v for k, v in (pod["metadata"].get("labels") or {}).items() if k not in RANK_LABELS}
+    template = {"metadata": {"labels": labels}, "spec": spec}
+    workload_spec: dict[str, Any] = {
         "queueName": queue,
         "podSets": [{"name": POD_SET, "count": job.spec.nodes, "template": template}],
     }
     name = priority_class(job)
     if name is not None:
-        spec["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass", "name": name}
-        spec["priority"] = priority
+        workload_spec["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass", "name": name}
+        workload_spec["priority"] = priority
     return {
         "apiVersion": API_VERSION,
         "kind": "Workload",
@@ -91,7 +97,7 @@ def render_workload(
             # Garbage-collected with the job; Kueue adds no finalizer to a Workload it did not create.
             "ownerReferences": [owner_reference(job, uid)],
         },
-        "spec": spec,
+        "spec": workload_spec,
     }
 
 

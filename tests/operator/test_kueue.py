@@ -56,7 +56,10 @@ def test_the_workload_is_one_pod_set_of_the_rendered_pod(priority: str | None, v
     assert wl["metadata"]["ownerReferences"][0]["uid"] == UID
     assert wl["metadata"]["ownerReferences"][0]["controller"] is True
     (pod_set,) = wl["spec"]["podSets"]
-    assert pod_set["count"] == 3 and pod_set["template"]["spec"] == pod["spec"]
+    assert pod_set["count"] == 3
+    assert pod_set["template"]["spec"] == {k: v for k, v in pod["spec"].items() if k != "hostname"}
+    assert "kubetrain.dev/node-rank" not in pod_set["template"]["metadata"]["labels"]
+    assert pod_set["template"]["metadata"]["labels"]["kubetrain.dev/job-name"] == "train"
     requests = pod_set["template"]["spec"]["containers"][0]["resources"]["requests"]
     assert requests == {"cpu": "4", "nvidia.com/gpu": "2"}
     assert wl["spec"]["queueName"] == "team"
