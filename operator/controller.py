@@ -207,10 +207,11 @@ class Controller:
         workload = await self.kube.get_kueue("workloads", kueue.workload_name(job.name), namespace)
         if workload is not None and workload["metadata"].get("labels", {}).get(naming.LABEL_JOB_UID) != uid:
             workload = None  # a deleted job's of the same name, which the garbage collector is removing
-        ended = [c for c in (job.status.conditions if job.status else None) or [] if c.type in ("Succeeded", "Failed")]
-        if any(c.status == "True" for c in ended):
-            done = workload and kueue.finish(workload, ended[0].type == "Succeeded", ended[0].message, now)
-            if workload is not None and done:
+        conditions = (job.status.conditions if job.status else None) or []
+        ended = next((c for c in conditions if c.type in ("Succeeded", "Failed") and c.status == "True"), None)
+        if ended is not None:
+            done = None if workload is None else kueue.finish(workload, ended.type == "Succeeded", ended.message, now)
+            if workload is not None and done is not None:
                 await self.kube.replace_workload_status(workload, done)
             return kueue.Admission(None)
         if workload is None:

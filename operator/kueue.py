@@ -74,6 +74,7 @@ def render_workload(
     labels = {k: v for k, v in (pod["metadata"].get("labels") or {}).items() if k not in RANK_LABELS}
     template = {"metadata": {"labels": labels}, "spec": spec}
     workload_spec: dict[str, Any] = {
+        "active": not job.spec.run_policy.suspend,
         "queueName": queue,
         "podSets": [{"name": POD_SET, "count": job.spec.nodes, "template": template}],
     }

@@ -62,7 +62,7 @@ def test_the_workload_is_one_pod_set_of_the_rendered_pod(priority: str | None, v
     assert pod_set["template"]["metadata"]["labels"]["kubetrain.dev/job-name"] == "train"
     requests = pod_set["template"]["spec"]["containers"][0]["resources"]["requests"]
     assert requests == {"cpu": "4", "nvidia.com/gpu": "2"}
-    assert wl["spec"]["queueName"] == "team"
+    assert wl["spec"]["queueName"] == "team" and wl["spec"]["active"] is True
     if priority is None:
         assert "priorityClassRef" not in wl["spec"] and "priority" not in wl["spec"]
     else:
