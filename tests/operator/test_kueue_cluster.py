@@ -107,6 +107,12 @@ class KueueObjects:
         kind = "WorkloadPriorityClass"
         return self.create("workloadpriorityclasses", kind, f"{name}-{self.suffix}", {"value": value})
 
+    def flavor(self) -> dict[str, Any]:
+        found: dict[str, Any] = self.custom.get_cluster_custom_object(
+            kueue.GROUP, kueue.VERSION, "resourceflavors", f"pool-a-{self.suffix}"
+        )
+        return found
+
     def workload(self, job: str) -> dict[str, Any]:
         found: dict[str, Any] = self.custom.get_namespaced_custom_object(
             kueue.GROUP, kueue.VERSION, self.namespace, "workloads", kueue.workload_name(job)
@@ -163,6 +169,8 @@ def test_one_job_runs_on_its_flavor_the_other_waits_in_the_queue_then_runs(
     operator: OperatorProcess, cluster: Cluster, kubelet: FakeKubelet, objects: KueueObjects
 ) -> None:
     queue = objects.queue(cpu=2)
+    # Kueue's mutating webhook, called on loopback, added its finalizer.
+    assert "kueue.x-k8s.io/resource-in-use" in objects.flavor()["metadata"]["finalizers"]
     create_job(cluster, "first", queue)
     first_pods = cluster.wait_pods("first", 2, attempt=0)
     create_job(cluster, "second", queue)

@@ -54,7 +54,9 @@ def configuration(webhook_port: int, health_port: int, metrics_port: int, cert_d
         "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
         "metrics": {"bindAddress": f"127.0.0.1:{metrics_port}"},
         "leaderElection": {"leaderElect": False},
-        "integrations": {"frameworks": [], "externalFrameworks": [EXTERNAL_FRAMEWORK]},
+        # Kueue's own integrations stay at its default (batch/job, whose webhook is not
+        # registered here); TrainingJob is driven by the kubetrain operator.
+        "integrations": {"externalFrameworks": [EXTERNAL_FRAMEWORK]},
         # The on-demand visibility API is an aggregated apiserver this setup cannot route to.
         "featureGates": {"VisibilityOnDemand": False},
     }
