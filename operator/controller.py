@@ -219,8 +219,8 @@ class Controller:
         verdict = kueue.admission(job, workload, pods_left=bool(pods))
         if verdict.acknowledge:
             await self.kube.replace_workload_status(workload, kueue.acknowledge_eviction(workload, now))
-        elif (active := kueue.activation(job, workload)) is not None:
-            await self.kube.replace_workload_spec(workload, {**workload["spec"], "active": active})
+        elif (spec := kueue.respec(job, workload)) is not None:
+            await self.kube.replace_workload_spec(workload, spec)
         return verdict
 
     async def _create_workload(self, namespace: str, uid: str, job: TrainingJob) -> kueue.Admission:

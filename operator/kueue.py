@@ -15,8 +15,8 @@ a TrainingJob's Workload has a controller outside Kueue:
     (`acknowledge_eviction`), and Kueue admits it again later: the new attempt resumes from
     the checkpoint. The lost attempt counts as a disruption, not against maxRestarts.
   * Finished job: the Workload gets condition Finished (`finish`), which releases its quota.
-  * runPolicy.suspend deactivates the Workload (`activation`): Kueue evicts it, and the quota
-    is handed back as after a preemption; unsuspended, it queues again.
+  * runPolicy.suspend deactivates the Workload (`respec`): Kueue evicts it, and the quota is
+    handed back as after a preemption; unsuspended, it queues again.
 """
 
 from __future__ import annotations
@@ -152,12 +152,17 @@ def admission(job: TrainingJob, workload: dict[str, Any], pods_left: bool) -> Ad
     return Admission(Hold("WaitingForAdmission", message))
 
 
-def activation(job: TrainingJob, workload: dict[str, Any]) -> bool | None:
-    """The Workload's spec.active when it must change, else None: runPolicy.suspend
-    deactivates it, so Kueue evicts it and frees its quota while the job is suspended (what
-    Kueue's own integrations get from a suspended job)."""
-    wanted = not job.spec.run_policy.suspend
-    return None if (workload.get("spec") or {}).get("active", True) == wanted else wanted
+def respec(job: TrainingJob, workload: dict[str, Any]) -> dict[str, Any] | None:
+    """The Workload's spec when it must change, else None: runPolicy.suspend deactivates it,
+    so Kueue evicts it and frees its quota while the job is suspended (what Kueue's own
+    integrations get from a suspended job); a job relabelled to another LocalQueue moves its
+    Workload there until it holds quota (as jobframework does; a reserved one stays put)."""
+    spec = dict(workload.get("spec") or {})
+    wanted: dict[str, Any] = {"active": not job.spec.run_policy.suspend}
+    if not _true(workload, "QuotaReserved"):
+        wanted["queueName"] = queue_name(job)
+    current = {"active": spec.get("active", True), "queueName": spec.get("queueName")}
+    return None if all(current[k] == v for k, v in wanted.items()) else {**spec, **wanted}
 
 
 def placement(flavors: list[dict[str, Any]]) -> Placement:

@@ -200,11 +200,23 @@ def test_waiting_then_evicted_is_announced() -> None:
     assert [e.reason for e in d.events] == ["Suspended"] and d.status.uncounted_restarts == 0
 
 
-@pytest.mark.parametrize(
-    ("suspend", "active", "wanted"),
-    [(False, None, None), (False, True, None), (True, None, False), (True, False, None), (False, False, True)],
-)
-def test_runpolicy_suspend_deactivates_the_workload(suspend: bool, active: bool | None, wanted: bool | None) -> None:
+RESPEC = [
+    # (runPolicy.suspend, the Workload's spec, its conditions, the spec written or None)
+    (False, {"queueName": "team"}, (), None),
+    (False, {"queueName": "team", "active": True}, (), None),
+    (True, {"queueName": "team"}, (), {"queueName": "team", "active": False}),
+    (True, {"queueName": "team", "active": False}, (), None),
+    (False, {"queueName": "team", "active": False}, (), {"queueName": "team", "active": True}),
+    # Relabelled to another LocalQueue: followed until quota is reserved.
+    (False, {"queueName": "old"}, (UNRESERVED,), {"queueName": "team", "active": True}),
+    (False, {"queueName": "old"}, (RESERVED,), None),
+]
+
+
+@pytest.mark.parametrize(("suspend", "spec", "conditions", "written"), RESPEC)
+def test_the_workload_follows_suspend_and_the_queue_label(
+    suspend: bool, spec: dict[str, Any], conditions: tuple[tuple[str, str, str], ...], written: dict[str, Any] | None
+) -> None:
     job = queued_job(runPolicy={"suspend": suspend})
-    wl = {"metadata": {"name": "w"}, "spec": {} if active is None else {"active": active}}
-    assert kueue.activation(job, wl) == wanted
+    wl = {**workload(*conditions), "spec": spec}
+    assert kueue.respec(job, wl) == written
