@@ -24,6 +24,17 @@ DEFAULT_POLICY = Policy()
 
 
 @dataclass(frozen=True)
+class Hold:
+    """Keep the job suspended although runPolicy.suspend is false: a queue (Kueue) has not
+    admitted it, or took its admission back. `reason`/`message` go to the Suspended condition;
+    `disruption`: a running attempt it stops counts in uncountedRestarts (a preemption)."""
+
+    reason: str
+    message: str
+    disruption: bool = False
+
+
+@dataclass(frozen=True)
 class Event:
     type: Literal["Normal", "Warning"]
     reason: str

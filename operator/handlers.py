@@ -23,6 +23,7 @@ from typing import Any, cast
 import kopf
 
 from kubetrain.api import naming
+from kubetrain.operator import kueue
 from kubetrain.operator.controller import Controller
 
 CHILD_LABELS = {naming.LABEL_JOB: kopf.PRESENT}
@@ -99,6 +100,14 @@ async def pod_event(
 ) -> None:
     gone = (body.metadata.uid or "") if type == "DELETED" else None
     _controller(memo).pod_changed((namespace or "", labels[naming.LABEL_JOB]), gone)
+
+
+# Kueue's Workloads of queued jobs (operator/kueue.py): an admission or eviction wakes the
+# job. Without Kueue's CRDs installed kopf serves nothing here and says so at startup.
+@kopf.on.event(kueue.GROUP, kueue.VERSION, "workloads", labels={naming.LABEL_MANAGED_BY: naming.MANAGED_BY})
+async def workload_event(namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
+    if naming.LABEL_JOB in labels:
+        _controller(memo).workload_changed((namespace or "", labels[naming.LABEL_JOB]))
 
 
 @kopf.on.event("", "v1", "services", labels=CHILD_LABELS)

@@ -24,6 +24,7 @@ import aiohttp
 from kubernetes import client, config
 
 from kubetrain.api import naming
+from kubetrain.operator import kueue
 from kubetrain.operator.metrics import API_WRITES
 
 COMPONENT = "kubetrain-operator"
@@ -79,6 +80,11 @@ def _namespaced(api_version: str, namespace: str, plural: str) -> str:
 def _job_path(namespace: str, name: str, subresource: str = "") -> str:
     path = f"/apis/{naming.GROUP}/{naming.VERSION}/namespaces/{namespace}/{naming.PLURAL}/{name}"
     return path + (f"/{subresource}" if subresource else "")
+
+
+def _kueue_path(plural: str, name: str, namespace: str | None) -> str:
+    scope = f"/namespaces/{namespace}" if namespace else ""
+    return f"/apis/{kueue.API_VERSION}{scope}/{plural}" + (f"/{name}" if name else "")
 
 
 class Kube:
@@ -276,6 +282,48 @@ class Kube:
         except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
             # Events are for humans; the status already holds the transition.
             log.warning("event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], exc)
+
+    # --- Kueue (operator/kueue.py) --------------------------------------------------------
+    async def get_kueue(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        """A Workload (namespaced), ResourceFlavor or WorkloadPriorityClass; None if absent."""
+        try:
+            found: dict[str, Any] = json.loads(await self._request("GET", _kueue_path(plural, name, namespace)))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return found
+
+    async def create_workload(self, workload: dict[str, Any]) -> None:
+        """Create the job's Workload; an existing one (409) is fine. Raises `Refused` on 403/422."""
+        API_WRITES.labels("create", "workloads").inc()
+        try:
+            await self._request("POST", _kueue_path("workloads", "", workload["metadata"]["namespace"]), workload)
+        except ApiError as exc:
+            if exc.status in (403, 422):
+                raise Refused(exc.status, exc.message) from exc
+            if exc.status != 409:
+                raise
+
+    async def replace_workload_status(self, workload: dict[str, Any], status: dict[str, Any]) -> None:
+        """Write a Workload's whole status, conditional on the resourceVersion it was read at."""
+        await self._replace_workload(workload, {**workload, "status": status}, "/status")
+
+    async def replace_workload_spec(self, workload: dict[str, Any], spec: dict[str, Any]) -> None:
+        """Write a Workload's spec (spec.active), conditional on the resourceVersion it was read at."""
+        await self._replace_workload(workload, {**workload, "spec": spec}, "")
+
+    async def _replace_workload(self, workload: dict[str, Any], document: dict[str, Any], subresource: str) -> None:
+        meta = workload["metadata"]
+        API_WRITES.labels("update", "workloads" + subresource).inc()
+        path = _kueue_path("workloads", meta["name"], meta["namespace"]) + subresource
+        try:
+            await self._request("PUT", path, document, side=True)
+        except ApiError as exc:
+            # 409: Kueue changed it since it was read; that change's watch event reconciles
+            # the job again, from the newer Workload. 404: gone with its job.
+            if exc.status not in (404, 409):
+                raise
 
     async def read_log(self, namespace: str, pod: str, tail_lines: int) -> str:
         query = {"container": naming.CONTAINER_NAME, "tailLines": str(tail_lines)}

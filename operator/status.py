@@ -57,7 +57,7 @@ from kubetrain.api.models import (
 )
 from kubetrain.operator import gang
 from kubetrain.operator.conditions import derive_phase, get_condition, is_true, set_condition
-from kubetrain.operator.decision import DEFAULT_POLICY, Decision, Event, Policy, StaleView
+from kubetrain.operator.decision import DEFAULT_POLICY, Decision, Event, Hold, Policy, StaleView
 from kubetrain.operator.failures import (
     FailureKind,
     completed,
@@ -73,6 +73,7 @@ from kubetrain.operator.pods import STUCK_REASONS, TERMINAL_PHASES, PodCondition
 __all__ = [
     "Decision",
     "Event",
+    "Hold",
     "PodView",
     "Policy",
     "StaleView",
@@ -149,12 +150,16 @@ def decide(
     service_exists: bool,
     now: datetime,
     policy: Policy = DEFAULT_POLICY,
+    hold: Hold | None = None,
 ) -> Decision:
+    """`hold`: a queue keeps the job suspended (operator/kueue.py)."""
     run = _observe(job, uid, pods, now, policy)
     if is_true(run.status, "Succeeded") or is_true(run.status, "Failed"):
         return _cleanup(run)
     if job.spec.run_policy.suspend:
         return _suspend(run)
+    if hold is not None:
+        return _suspend(run, hold)
     _resume(run)
     unavailable = _choose_gang(run)
     if unavailable is not None:
@@ -177,16 +182,20 @@ def decide(
 # --- stages -----------------------------------------------------------------------------
 
 
-def _suspend(run: _Pass) -> Decision:
+def _suspend(run: _Pass, hold: Hold | None = None) -> Decision:
     status = run.status
-    if run.condition("Suspended", True, "Suspended", "runPolicy.suspend is true: the pods are deleted"):
-        run.decision.events.append(Event("Normal", "Suspended", "job suspended: pods deleted"))
+    hold = hold or Hold("Suspended", "runPolicy.suspend is true: the pods are deleted")
+    reason, message = hold.reason, hold.message
+    before = get_condition(run.previous, "Suspended")
+    if run.condition("Suspended", True, reason, message) or (before is not None and before.reason != reason):
+        run.decision.events.append(Event("Normal", "Suspended", f"job suspended: {message}"))
         run.condition("Running", False, "Suspended", "the job is suspended", only_if_present=True)
         run.condition("Restarting", False, "Suspended", "the job is suspended", only_if_present=True)
     if run.current:
         # The resumed gang is a fresh attempt; suspension is not a failure and does not
-        # count against maxRestarts.
+        # count against maxRestarts. A preemption is a disruption: counted, but not charged.
         status.attempt += 1
+        status.uncounted_restarts += hold.disruption
     # As for a batch/v1 Job, the deadline clock stops while suspended and restarts on resume.
     status.start_time = None
     status.replicas = ReplicaCounts()
@@ -198,7 +207,7 @@ def _suspend(run: _Pass) -> Decision:
 
 def _resume(run: _Pass) -> None:
     if is_true(run.status, "Suspended"):
-        run.condition("Suspended", False, "Resumed", "runPolicy.suspend is false: the gang is recreated")
+        run.condition("Suspended", False, "Resumed", "not suspended nor held by a queue: the gang is recreated")
         run.decision.events.append(Event("Normal", "Resumed", "job resumed"))
 
 

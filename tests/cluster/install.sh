@@ -8,7 +8,8 @@
 # toolchain download + ~2 min of build; cached: seconds).
 #
 # Knobs: KUBETRAIN_K8S_BIN=<dir holding the four binaries> skips the Kubernetes build;
-#        KUBETRAIN_SKIP_HELM=1 skips helm; KUBETRAIN_SKIP_KUBEFLOW=1 skips the Kubeflow operator.
+#        KUBETRAIN_SKIP_HELM=1 skips helm; KUBETRAIN_SKIP_KUBEFLOW=1 skips the Kubeflow operator;
+#        KUBETRAIN_SKIP_KUEUE=1 skips Kueue.
 # Prints the directories it filled, last line: "K8S_BIN=<dir>".
 set -euo pipefail
 
@@ -25,6 +26,11 @@ HELM_VERSION=v3.22.0
 # no replace directives, so `go install pkg@version` builds it as released, with a 1.23 compiler.
 KUBEFLOW_VERSION=v1.9.3
 KUBEFLOW_GO_TOOLCHAIN=go1.23.12
+# Kueue (sigs.k8s.io/kueue), run by the Kueue admission tests. v0.19.2's go.mod requires
+# k8s.io/* v0.36.2 (the API our apiserver serves), says "go 1.26.0" and has no replace directives,
+# so `go install pkg@version` builds it as released with the Kubernetes toolchain. The proxy
+# refuses some versions (v0.16.0, v0.18.0, v0.19.3, v0.20.x): pin one it serves.
+KUEUE_VERSION=v0.19.2
 # ----------------------------------------------------------------------------------------------
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -33,6 +39,8 @@ K8S_DIR=$CACHE/k8s-$K8S_VERSION
 HELM_DIR=$CACHE/helm-$HELM_VERSION
 KUBEFLOW_DIR=$CACHE/kubeflow-training-operator-$KUBEFLOW_VERSION
 KUBEFLOW_MODULE=github.com/kubeflow/training-operator
+KUEUE_DIR=$CACHE/kueue-$KUEUE_VERSION
+KUEUE_MODULE=sigs.k8s.io/kueue
 K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd)
 START=$SECONDS
 
@@ -150,10 +158,46 @@ build_kubeflow() {
   log "kubeflow training operator $KUBEFLOW_VERSION built into $KUBEFLOW_DIR"
 }
 
+# Fills $KUEUE_DIR with kueue (cmd/kueue, the controller-manager), crds/ (the module's
+# config/components/crd/bases: Workload, ClusterQueue, LocalQueue, ResourceFlavor, ...) and
+# webhooks.yaml (config/components/webhook/manifests.yaml, Kueue's webhook configurations).
+build_kueue() {
+  if [ "${KUBETRAIN_SKIP_KUEUE:-0}" = 1 ]; then
+    log "kueue skipped (KUBETRAIN_SKIP_KUEUE=1)"
+    return
+  fi
+  if [ -f "$KUEUE_DIR/.complete" ]; then
+    log "kueue $KUEUE_VERSION cached in $KUEUE_DIR"
+    return
+  fi
+  local go src
+  go=$(find_go)
+  log "building $KUEUE_MODULE@$KUEUE_VERSION with $GO_TOOLCHAIN (cold: 30 min measured at load average 14 on 2 cores)"
+  mkdir -p "$KUEUE_DIR/crds"
+  # Built inside the downloaded module, as its own main module with its own go.sum (what
+  # Kueue's Makefile does): `go install pkg@version` would also read the proxy's version list
+  # for deprecations, and the proxy refuses that list. The version ldflag is the Makefile's.
+  src=$(GOTOOLCHAIN=local GOFLAGS=-mod=mod "$go" mod download -json "$KUEUE_MODULE@$KUEUE_VERSION" |
+    sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  (
+    cd "$src"
+    GOTOOLCHAIN="$GO_TOOLCHAIN" CGO_ENABLED=0 GOFLAGS=-mod=readonly "$go" build -trimpath \
+      -ldflags "-s -w -X $KUEUE_MODULE/pkg/version.GitVersion=$KUEUE_VERSION" \
+      -o "$KUEUE_DIR/kueue" ./cmd/kueue
+  )
+  cp "$src"/config/components/crd/bases/*.yaml "$KUEUE_DIR/crds/"
+  cp "$src/config/components/webhook/manifests.yaml" "$KUEUE_DIR/webhooks.yaml"
+  chmod u+w "$KUEUE_DIR/crds/"* "$KUEUE_DIR/webhooks.yaml"
+  touch "$KUEUE_DIR/.complete"
+  log "kueue $KUEUE_VERSION built into $KUEUE_DIR"
+}
+
 build_k8s
 build_helm
 build_kubeflow
+build_kueue
 log "done in $((SECONDS - START)) s"
 echo "K8S_BIN=$K8S_BIN"
 [ "${KUBETRAIN_SKIP_HELM:-0}" = 1 ] || echo "HELM=$HELM_DIR/helm"
 [ "${KUBETRAIN_SKIP_KUBEFLOW:-0}" = 1 ] || echo "KUBEFLOW=$KUBEFLOW_DIR"
+[ "${KUBETRAIN_SKIP_KUEUE:-0}" = 1 ] || echo "KUEUE=$KUEUE_DIR"

@@ -243,3 +243,47 @@ def test_a_coscheduling_gang_labels_its_pods_with_the_scheduler_plugins_podgroup
     pods = [pod for _, pod in controller.jobs[KEY].expectations.creations.values()]
     assert [pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] for pod in pods] == ["j-0"] * 2
     assert all("schedulingGroup" not in pod["spec"] for pod in pods)
+
+
+class FakeKueue(FakeKube):
+    """FakeKube plus Kueue's objects: `objects` maps (plural, name) to what a GET returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.objects: dict[tuple[str, str], dict[str, Any] | Exception] = {}
+        self.pods: dict[str, dict[str, Any]] = {}
+
+    async def get_kueue(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        found = self.objects.get((plural, name))
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    async def create_workload(self, workload: dict[str, Any]) -> None:
+        self.created.append(workload["metadata"]["name"])
+        self.objects[("workloads", workload["metadata"]["name"])] = workload
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.pods[obj["metadata"]["name"]] = obj
+        return await super().create(obj)
+
+
+def test_a_queued_job_waits_for_its_workload_and_starts_only_on_a_readable_flavor() -> None:
+    controller, _ = make()
+    kube = FakeKueue()
+    controller.kube = kube  # type: ignore[assignment]
+    controller.jobs[KEY].body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team"}
+    reconcile(controller)
+    assert kube.created == ["trainingjob-j"] and kube.statuses[-1]["phase"] == "Suspended"
+    workload = kube.objects[("workloads", "trainingjob-j")]
+    assert isinstance(workload, dict)
+    admitted = {"type": "Admitted", "status": "True", "reason": "Admitted", "message": ""}
+    assignment = {"name": "nodes", "flavors": {"cpu": "pool-a"}}
+    workload["status"] = {"conditions": [admitted], "admission": {"podSetAssignments": [assignment]}}
+    kube.objects[("resourceflavors", "pool-a")] = ApiError(403, b'{"message": "cannot get resourceflavors"}')
+    assert reconcile(controller) == 1  # retried with backoff, nothing started off its flavor
+    assert kube.created == ["trainingjob-j"] and blocked(kube) == ("True", "ResourceFlavorUnreadable")
+    kube.objects[("resourceflavors", "pool-a")] = {"spec": {"nodeLabels": {"pool": "a"}}}
+    reconcile(controller)
+    assert kube.created == ["trainingjob-j", "j", "j-node-0", "j-node-1"]
+    assert [kube.pods[f"j-node-{r}"]["spec"]["nodeSelector"] for r in (0, 1)] == [{"pool": "a"}] * 2

@@ -28,6 +28,8 @@ from typing import Any
 
 import yaml
 
+from support.waiting import wait_for
+
 HERE = Path(__file__).resolve().parent
 INSTALL_SH = HERE.parent / "cluster" / "install.sh"
 BIN_ENV = "KUBETRAIN_K8S_BIN"
@@ -462,22 +464,6 @@ def _scheduler_argv(cp: ControlPlane, port: int, gates: list[str]) -> list[str]:
     ]
 
 
-def install_crds(cp: ControlPlane, crds: Path) -> None:
-    """Apply the CRD in `crds` (a file, or a folder of one) and wait until it is Established.
-
-    Not `kubectl wait`: it fails at once ("status.conditions accessor error") when it reads
-    the CRD before the apiserver gave it any condition, which a large CRD makes likely; so
-    does a jsonpath filter over the missing list (hence check=False)."""
-    cp.kubectl("apply", "--server-side", "-f", str(crds))
-
-    def established() -> bool:
-        jsonpath = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
-        got = cp.kubectl("get", "-f", str(crds), "-o", jsonpath, check=False)
-        return got.returncode == 0 and got.stdout.strip() == "True"
-
-    cp._wait("the CRD Established", established, 60)
-
-
 @contextlib.contextmanager
 def running(**kwargs: Any) -> Iterator[ControlPlane]:
     cp = start(**kwargs)
@@ -485,3 +471,19 @@ def running(**kwargs: Any) -> Iterator[ControlPlane]:
         yield cp
     finally:
         cp.stop()
+
+
+def install_crds(cp: ControlPlane, crds: Path) -> ControlPlane:
+    """Apply the CRD in `crds` (a file or folder of one) and wait until it is Established."""
+    cp.kubectl("apply", "--server-side", "-f", str(crds))
+
+    # Not `kubectl wait`: it fails at once ("status.conditions accessor error") when it reads
+    # the CRD before the apiserver gave it any condition, which a large CRD makes likely; so
+    # does a jsonpath filter over the missing list (hence check=False).
+    def established() -> bool:
+        jsonpath = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
+        got = cp.kubectl("get", "-f", str(crds), "-o", jsonpath, check=False)
+        return got.returncode == 0 and got.stdout.strip() == "True"
+
+    wait_for(established, 60, "the CRD Established")
+    return cp
