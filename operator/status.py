@@ -7,8 +7,8 @@ depends on which event woke the operator. Everything beyond the pods comes from 
 and `job.status` (hang detection and the late-crash rule read `status.progress`, which both
 callers fold from rank 0's records with `kubetrain.api.records.fold`).
 
-(A little over 400 lines only because the definitions below, which the README repeats, stand
-beside the stages that implement them.)
+(About 480 lines: one short stage per concern of the decision, and the definitions below, which
+the README repeats, stand beside the stages that implement them.)
 
 `decide` is a dispatcher over named stages, each returning the Decision once it decided:
 finished (cleanup, TTL) → suspend → resume → gang mode (operator/gang.py) → first problem →
