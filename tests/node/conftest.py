@@ -11,16 +11,9 @@ import pytest
 from support import node as real
 from support import ociimage
 from support.node import RealNode
-from support.nodepods import SCRATCH_IMAGE
+from support.nodepods import SCRATCH_IMAGE, node_or_skip
 
 HERE = Path(__file__).resolve().parent
-
-
-def node_or_skip() -> None:
-    reason = real.missing()
-    if reason:
-        # A `cluster` test: under KUBETRAIN_REQUIRE_CONTROL_PLANE=1 this skip is a failure.
-        pytest.skip(f"no real node: {reason}")
 
 
 @pytest.fixture(scope="session")

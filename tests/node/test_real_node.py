@@ -6,11 +6,15 @@ no default route."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
+from support import ociimage
+from support.controlplane import ToolError
 from support.node import RealNode
 from support.nodeconfig import KUBERNETES_SERVICE_IP, POD_CIDR, SERVICE_CIDR
 from support.nodepods import pod_logs, restricted_namespace, run_pod, scratch_pod
@@ -89,3 +93,27 @@ def _routes(pid: int) -> list[str]:
         mask = bin(int(fields[7], 16)).count("1")
         out.append(f"{dest}/{mask}")
     return out
+
+
+def test_load_images_names_a_buildah_style_archive_and_skips_one_already_there(
+    real_node: RealNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = "docker.io/kubetrain/scratch-test:1"
+    binary = tmp_path / "hello"
+    binary.write_bytes(b"#!/bin/false\n")
+    archive = ociimage.scratch_image(ref, {"/hello": binary}, ["/hello"], tmp_path / "a.tar", ref_name_only=True)
+    # containerd's store outlives the node: start from an image that is not there.
+    with contextlib.suppress(ToolError):
+        real_node.ctr("images", "rm", ref)
+    assert real_node.load_images([archive]) == [ref]
+    assert ref in real_node.images()
+    calls: list[tuple[str, ...]] = []
+    ctr = real_node.ctr
+
+    def recording_ctr(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        calls.append(args)
+        return ctr(*args, timeout=timeout)
+
+    monkeypatch.setattr(real_node, "ctr", recording_ctr)
+    assert real_node.load_images([archive]) == [ref]
+    assert calls == [("images", "ls")]

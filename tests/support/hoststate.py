@@ -34,6 +34,7 @@ SYSCTLS = (
 # Host directories the kubelet, containerd and the CNI plugins write whatever their config says.
 WATCHED_DIRS = ("/var/log/containers", "/var/log/pods", "/var/lib/cni", "/run/netns", "/etc/cni")
 IPTABLES_TABLES = ("filter", "nat", "mangle")
+IPTABLES = {"ipv4": "iptables", "ipv6": "ip6tables"}
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -46,14 +47,14 @@ def links() -> list[str]:
 
 
 def iptables() -> dict[str, list[str]]:
-    """{"iptables nat": [rules and chain declarations]} without counters or comments."""
+    """{"ipv4 nat": [chain declarations and rules]} without counters or comments."""
     rules: dict[str, list[str]] = {}
-    for save in ("iptables-save", "ip6tables-save"):
-        if shutil.which(save) is None:
+    for family, tool in IPTABLES.items():
+        if shutil.which(f"{tool}-save") is None:
             continue
         for table in IPTABLES_TABLES:
-            out = _run(save, "-t", table)
-            rules[f"{save.removesuffix('-save')} {table}"] = [
+            out = _run(f"{tool}-save", "-t", table)
+            rules[f"{family} {table}"] = [
                 re.sub(r"\s\[\d+:\d+\]$", "", line) for line in out.splitlines() if not line.startswith(("#", "COMMIT"))
             ]
     return rules
@@ -121,7 +122,8 @@ def differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 def undo_iptables(before: dict[str, Any]) -> None:
     """Delete the rules that jump to chains created since `before`, then those chains."""
     for key, rules in iptables().items():
-        tool, table = key.split()
+        family, table = key.split()
+        tool = IPTABLES[family]
         old_chains = {r.split()[0] for r in before["iptables"].get(key, []) if r.startswith(":")}
         new_chains = [r[1:].split()[0] for r in rules if r.startswith(":") and r.split()[0] not in old_chains]
         for rule in rules:

@@ -128,10 +128,17 @@ class RealNode:
     paths: NodePaths
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    # The host before the node started (hoststate.snapshot(self.host_roots)).
+    host_before: dict[str, Any] = field(default_factory=dict)
 
     @property
     def logs(self) -> Path:
         return self.workdir / "logs"
+
+    @property
+    def host_roots(self) -> list[Path]:
+        """The node's own directories: mounts under them are the node's."""
+        return [self.workdir, self.paths.store]
 
     def ctr(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return _run("ctr", "--address", str(self.paths.containerd_socket), "-n", "k8s.io", *args, timeout=timeout)
@@ -424,6 +431,7 @@ def running_node(workdir: Path | None = None) -> Iterator[RealNode]:
             if isinstance(exc, Exception):
                 raise RuntimeError(f"the real node failed to start: {exc}\n{detail}") from exc
             raise
+        node.host_before = before
         try:
             yield node
         finally:
