@@ -110,9 +110,9 @@ def running_node(workdir: Path | None = None) -> Iterator[RealNode]:
             node = start(workdir, started)
         except BaseException as exc:
             detail = started[0].describe_failure() if started else ""
-            _finish(before, roots, workdir, started[0] if started else None)
+            _finish(before, roots, workdir, started[0] if started else None, keep=True)
             if isinstance(exc, Exception):
-                raise RuntimeError(f"the real node failed to start: {exc}\n{detail}") from exc
+                raise RuntimeError(f"the real node failed to start (logs in {workdir}): {exc}\n{detail}") from exc
             raise
         node.host_before = before
         try:
@@ -121,11 +121,16 @@ def running_node(workdir: Path | None = None) -> Iterator[RealNode]:
             _finish(before, roots, workdir, node)
 
 
-def _finish(before: dict[str, Any], roots: list[Path], workdir: Path, node: RealNode | None) -> None:
+def _finish(
+    before: dict[str, Any], roots: list[Path], workdir: Path, node: RealNode | None, keep: bool = False
+) -> None:
+    """Tear down, undo what is left, check the host; the workdir goes unless `keep` (a failed
+    start's logs) or the host check failed."""
     if node is not None:
         teardown(node)
     hoststate.undo(before, roots, bridge=BRIDGE)
     left = hoststate.differences(before, hoststate.snapshot(roots))
     if left:
         raise RuntimeError(f"the real node left the host changed (workdir kept: {workdir}):\n" + "\n".join(left))
-    shutil.rmtree(workdir, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -350,10 +350,14 @@ def _delete_pods(node: RealNode) -> None:
 def _stop_runtime(node: RealNode) -> None:
     """Whatever the kubelet left: tasks killed, then containerd, then its shims (they outlive
     containerd while a task runs; found by the socket path in their command line)."""
+    tasks: list[str] = []
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        for task in node.ctr("tasks", "ls", "-q", timeout=10).stdout.split():
-            node.ctr("tasks", "kill", "-s", "SIGKILL", task, timeout=10)
-            node.ctr("tasks", "delete", "-f", task, timeout=10)
+        tasks = node.ctr("tasks", "ls", "-q", timeout=10).stdout.split()
+    for task in tasks:
+        # A task that already stopped refuses the kill: delete it all the same.
+        for args in (("kill", "-s", "SIGKILL", task), ("delete", "-f", task)):
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                node.ctr("tasks", *args, timeout=10)
     node._stop_process("containerd")
     marker = str(node.paths.containerd_socket).encode()
     for proc in Path("/proc").glob("[0-9]*"):
