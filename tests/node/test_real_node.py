@@ -31,6 +31,19 @@ def test_scratch_pod_runs_and_kubectl_logs_reads_it_through_the_kubelet(real_nod
     assert pod_logs(real_node, ns, "hello") == "".join(f"hello {i} from hello\n" for i in range(1, 4))
     ip = real_node.cp.kubectl("get", "pod", "hello", "-n", ns, "-o", "jsonpath={.status.podIP}").stdout
     assert ip.startswith(POD_CIDR.split(".0.0/")[0] + "."), ip
+    # exec streams through the kubelet too: the program's usage error and exit code come back.
+    done = real_node.cp.kubectl("exec", "hello", "-n", ns, "--", "/scratch", check=False)
+    assert (done.returncode, done.stderr.splitlines()[0]) == (
+        2,
+        "usage: scratch hello N | resolve NAME [PORT] | touch PATH",
+    )
+
+
+def test_describe_failure_shows_every_log_the_node_conditions_and_events(real_node: RealNode) -> None:
+    text = real_node.describe_failure(tail_lines=5)
+    for part in ("--- containerd.log", "--- kubelet.log", "--- coredns.log", "--- kube-apiserver.log",
+                 "Ready=True KubeletReady", "--- kubectl get events", "--- kubectl get pods"):  # fmt: skip
+        assert part in text, part
 
 
 def test_pod_resolves_a_headless_service_name_and_reaches_the_apiserver(real_node: RealNode) -> None:
