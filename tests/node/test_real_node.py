@@ -17,7 +17,7 @@ from support import ociimage
 from support.controlplane import ToolError
 from support.node import RealNode
 from support.nodeconfig import KUBERNETES_SERVICE_IP, POD_CIDR, SERVICE_CIDR
-from support.nodepods import pod_logs, restricted_namespace, run_pod, scratch_pod
+from support.nodepods import SCRATCH_IMAGE, pod_logs, restricted_namespace, run_pod, scratch_pod
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -130,3 +130,18 @@ def test_load_images_names_a_buildah_style_archive_and_skips_one_already_there(
     monkeypatch.setattr(real_node, "ctr", recording_ctr)
     assert real_node.load_images([archive]) == [ref]
     assert calls == [("images", "ls")]
+
+
+def test_prune_images_removes_what_this_node_did_not_load(real_node: RealNode, tmp_path: Path) -> None:
+    # As an older build's image left in the store by an earlier run: imported behind the node's back.
+    stale = "docker.io/kubetrain/stale-build:1"
+    binary = tmp_path / "old"
+    binary.write_bytes(b"an older build\n")
+    real_node.ctr(
+        "images", "import", str(ociimage.scratch_image(stale, {"/old": binary}, ["/old"], tmp_path / "s.tar"))
+    )
+    before = real_node.images()
+    # containerd's CRI also names the image by its id (sha256:...): both go.
+    assert {before[name] for name in real_node.prune_images()} == {before[stale]}
+    assert stale not in real_node.images()
+    assert SCRATCH_IMAGE in real_node.images()

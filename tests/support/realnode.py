@@ -73,6 +73,8 @@ class RealNode:
     paths: NodePaths
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    # {name: digest} of what load_images imported or found: prune_images keeps these.
+    loaded: dict[str, str] = field(default_factory=dict)
     # The host before the node started (hoststate.snapshot(self.host_roots)).
     host_before: dict[str, Any] = field(default_factory=dict)
 
@@ -105,13 +107,23 @@ class RealNode:
             if not wanted or any(present.get(name) != digest for name, digest in wanted.items()):
                 self.ctr("images", "import", str(archive))
                 present = self.images()
-            absent = [n for n in wanted if n not in present]
+            absent = [name for name, digest in wanted.items() if present.get(name) != digest]
             if absent or not wanted:
                 raise RuntimeError(
                     f"{archive}: import did not produce {absent or 'any named image'}; have {sorted(present)}"
                 )
+            self.loaded.update(wanted)
             names += wanted
         return names
+
+    def prune_images(self) -> list[str]:
+        """Remove every image this node did not load (the store outlives the node, and each
+        trainer build is gigabytes: an older build's image would stay forever). Returns them."""
+        keep = set(self.loaded.values())
+        stale = sorted(name for name, digest in self.images().items() if digest not in keep)
+        if stale:
+            self.ctr("images", "rm", "--sync", *stale)
+        return stale
 
     def hostpath_volume(self, pv_name: str, size: str = "1Gi") -> Path:
         """A directory (mode 0777: pods run as non-root uids and fsGroup does not apply to
@@ -348,10 +360,12 @@ def _delete_pods(node: RealNode) -> None:
 
 
 def _stop_runtime(node: RealNode) -> None:
-    """Whatever the kubelet left: tasks killed, then containerd, then its shims (they outlive
-    containerd while a task runs; found by the socket path in their command line)."""
+    """Images this node did not load pruned; whatever the kubelet left: tasks killed, then
+    containerd, then its shims (they outlive containerd while a task runs; found by the
+    socket path in their command line)."""
     tasks: list[str] = []
     with contextlib.suppress(OSError, subprocess.SubprocessError):
+        node.prune_images()
         tasks = node.ctr("tasks", "ls", "-q", timeout=10).stdout.split()
     for task in tasks:
         # A task that already stopped refuses the kill: delete it all the same.
