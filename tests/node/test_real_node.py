@@ -132,16 +132,23 @@ def test_load_images_names_a_buildah_style_archive_and_skips_one_already_there(
     assert calls == [("images", "ls")]
 
 
-def test_prune_images_removes_what_this_node_did_not_load(real_node: RealNode, tmp_path: Path) -> None:
-    # As an older build's image left in the store by an earlier run: imported behind the node's back.
-    stale = "docker.io/kubetrain/stale-build:1"
-    binary = tmp_path / "old"
-    binary.write_bytes(b"an older build\n")
-    real_node.ctr(
-        "images", "import", str(ociimage.scratch_image(stale, {"/old": binary}, ["/old"], tmp_path / "s.tar"))
-    )
+def test_prune_images_removes_an_image_whose_name_moved_to_a_rebuild(real_node: RealNode, tmp_path: Path) -> None:
+    ref = "docker.io/kubetrain/rebuilt:1"
+    digests = []
+    for build in ("old", "new"):
+        binary = tmp_path / build
+        binary.write_bytes(f"the {build} build\n".encode())
+        real_node.ctr(
+            "images", "import", str(ociimage.scratch_image(ref, {"/b": binary}, ["/b"], tmp_path / f"{build}.tar"))
+        )
+        digests.append(real_node.images()[ref])
+        # What keeps an old build alive once its name moves: containerd's CRI refers to every
+        # image it found at its start by id (sha256:<id>) and to pulled ones by digest; the
+        # digest reference stands in for both here (ctr cannot write an id reference).
+        real_node.ctr("images", "tag", "--force", ref, f"{ref.rpartition(':')[0]}@{digests[-1]}")
+    old, new = digests
     before = real_node.images()
-    # containerd's CRI also names the image by its id (sha256:...): both go.
-    assert {before[name] for name in real_node.prune_images()} == {before[stale]}
-    assert stale not in real_node.images()
-    assert SCRATCH_IMAGE in real_node.images()
+    assert {before[r] for r in real_node.prune_images()} == {old}
+    after = real_node.images()
+    assert after[ref] == new and after[f"docker.io/kubetrain/rebuilt@{new}"] == new
+    assert SCRATCH_IMAGE in after

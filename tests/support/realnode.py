@@ -73,8 +73,6 @@ class RealNode:
     paths: NodePaths
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
-    # {name: digest} of what load_images imported or found: prune_images keeps these.
-    loaded: dict[str, str] = field(default_factory=dict)
     # The host before the node started (hoststate.snapshot(self.host_roots)).
     host_before: dict[str, Any] = field(default_factory=dict)
 
@@ -112,15 +110,18 @@ class RealNode:
                 raise RuntimeError(
                     f"{archive}: import did not produce {absent or 'any named image'}; have {sorted(present)}"
                 )
-            self.loaded.update(wanted)
             names += wanted
         return names
 
     def prune_images(self) -> list[str]:
-        """Remove every image this node did not load (the store outlives the node, and each
-        trainer build is gigabytes: an older build's image would stay forever). Returns them."""
-        keep = set(self.loaded.values())
-        stale = sorted(name for name, digest in self.images().items() if digest not in keep)
+        """Remove the images no name points to any more: an import under an existing name
+        (a rebuilt trainer) moves the name, but containerd's CRI also refers to every image by
+        its id (sha256:...), which would keep the older build's gigabytes in the store (it
+        outlives the node) forever. Images other sessions loaded under their names stay.
+        Returns the references removed."""
+        images = self.images()
+        named = {digest for ref, digest in images.items() if not ref.startswith("sha256:") and "@sha256:" not in ref}
+        stale = sorted(ref for ref, digest in images.items() if digest not in named)
         if stale:
             self.ctr("images", "rm", "--sync", *stale)
         return stale
@@ -241,7 +242,11 @@ def _start_containerd(node: RealNode) -> None:
     node.paths.cni_conf_dir.mkdir(parents=True)
     (node.paths.cni_conf_dir / "10-kubetrain.conflist").write_text(json.dumps(nodeconfig.cni_network(node.paths)))
     node._spawn("containerd", ["containerd", "--config", str(config)])
-    node._wait("containerd", lambda: node.ctr("version", timeout=5))
+    # containerd answers before its CRI plugin has recovered its state (0.6 s with a few
+    # images), and a kubelet started then exits ("server is not initialized yet"). The CRI
+    # logs this line last, just before it serves; no CRI client is at hand to ask it instead.
+    log = node.logs / "containerd.log"
+    node._wait("containerd", lambda: 'msg="Start streaming server"' in log.read_text(errors="replace"))
     pause = ociimage.scratch_image(
         sandbox_image, {"/pause": node_bin_dir() / "pause"}, ["/pause"], node.workdir / "pause.tar"
     )
@@ -360,7 +365,7 @@ def _delete_pods(node: RealNode) -> None:
 
 
 def _stop_runtime(node: RealNode) -> None:
-    """Images this node did not load pruned; whatever the kubelet left: tasks killed, then
+    """Images no name points to pruned; whatever the kubelet left: tasks killed, then
     containerd, then its shims (they outlive containerd while a task runs; found by the
     socket path in their command line)."""
     tasks: list[str] = []
