@@ -35,6 +35,15 @@ def test_shellcheck() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_ci_builds_the_images_before_pytest() -> None:
+    """CI's command (tests/run.sh) runs the script after the control plane's binaries, as a step."""
+    run_sh = (ROOT / "tests" / "run.sh").read_text()
+    order = [
+        run_sh.find(marker) for marker in ("tests/cluster/install.sh", "tests/cluster/build-images.sh", 'pytest "$@"')
+    ]
+    assert -1 not in order and order == sorted(order), order
+
+
 @pytest.fixture
 def scratch(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A copy of the build context plus the script, and an env whose cache is inside tmp_path."""
@@ -54,7 +63,8 @@ def keys(repo: Path, env: dict[str, str]) -> dict[str, str]:
     return {ref: path.name for ref, path in expected_archives(repo, env).items()}
 
 
-# (file to change, the images whose key must change)
+# (file to change, the images whose key must change). One sources hash serves both images: a
+# file only the trainer stage copies (examples/) rebuilds the operator too, the cheap one.
 CHANGES = [
     ("api/models.py", {OPERATOR_REF, TRAINER_REF}),
     ("trainer/__init__.py", {OPERATOR_REF, TRAINER_REF}),
