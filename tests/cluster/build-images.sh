@@ -15,7 +15,7 @@
 #                             with a PEP 503 index over them (simple/), bind-mounted at /mnt (an
 #                             empty directory of the base, so no mount point is left in the image)
 #                             and passed as TORCH_INDEX_URL=file:///mnt/simple: a source change
-#                             does not download ~2.3 GB again, and the trainer holds the files an
+#                             does not download ~2.8 GB again, and the trainer holds the files an
 #                             online build from PyPI installs
 #   <name>-<key>.oci.tar      an image; <key> hashes the Dockerfile, .dockerignore, every file
 #                             its COPY instructions read, the base recipe, this script's build
