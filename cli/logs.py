@@ -44,7 +44,7 @@ class NodePod:
     rank: int
     attempt: int
     phase: str
-    started: bool  # the trainer container ran or runs: it has a log
+    started: bool  # the trainer container runs or ran (restartPolicy Never: once): it has a log
     waiting: str | None = None  # the trainer container's waiting reason
     message: str = ""  # why it waits, or why the pod is not scheduled
 
@@ -75,7 +75,7 @@ class NodePod:
             rank=int(rank),
             attempt=int(attempt),
             phase=status.get("phase") or "Pending",
-            started="running" in state or "terminated" in state or bool(container.get("lastState")),
+            started="running" in state or "terminated" in state,
             waiting=waiting.get("reason") if waiting else None,
             message=(why or {}).get("message") or "",
         )
@@ -91,9 +91,8 @@ class NodePod:
             what = "Pending, not started" + ("" if not self.message else " (not scheduled)")
         else:
             what = f"{self.phase}, its container never started"
-        return f"{naming.node_line(self.rank, f'pod {self.name}: {what}')}" + (
-            f": {self.message}" if self.message else ""
-        )
+        why = f": {self.message}" if self.message else ""
+        return naming.node_line(self.rank, f"pod {self.name}: {what}{why}")
 
 
 @dataclass(frozen=True)
@@ -117,6 +116,8 @@ def plan(
 ) -> Plan:
     """Which pods of trainingjob `namespace/name` (spec.nodes `nodes`) to read. Raises
     LogsError when there is nothing to read at all."""
+    if previous and follow:
+        raise LogsError("--previous-attempt with -f: a failed attempt's pods have ended, there is nothing to follow")
     if rank is not None and not 0 <= rank < nodes:
         raise LogsError(f"--rank {rank}: trainingjob {name} has {nodes} nodes (ranks 0-{nodes - 1})")
     attempt = _attempt(name, namespace, status, previous)
@@ -263,7 +264,7 @@ def run_logs(
         tail = PREVIOUS_TAIL
     for problem in todo.problems:
         print(problem, file=err, flush=True)
-    if follow and not previous:
+    if follow:
         _follow(cluster, [*todo.read, *todo.wait], tail, out, err, poll)
     else:
         for pod in todo.read:

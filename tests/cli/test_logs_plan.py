@@ -159,6 +159,12 @@ def test_plan(
         ),
         (TrainingJobStatus(), BOTH, {"rank": 2}, "--rank 2: trainingjob job has 2 nodes (ranks 0-1)"),
         (
+            RESTARTED,
+            NEW_AND_OLD,
+            {"previous": True, "follow": True},
+            "--previous-attempt with -f: a failed attempt's pods have ended, there is nothing to follow",
+        ),
+        (
             TrainingJobStatus(),
             BOTH,
             {"previous": True},
