@@ -1,10 +1,10 @@
 """A failed step of the end-to-end scenario says what a user needs, not just "timed out": the
-same Diagnostics helper, here on the session control plane (operator as a process, a stand-in
-kubelet serving rank 0's log), forced to fail by waiting on a job that cannot succeed."""
+same Diagnostics helper (tests/support/diagnostics.py), here on the session control plane
+(the operator as a process, a stand-in kubelet serving rank 0's log), forced to fail by
+waiting on a job that cannot succeed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +23,10 @@ from kubetrain.api import naming
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture
-def operator(crds_installed: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    proc = OperatorProcess(crds_installed.kubeconfig, tmp_path / "operator.log", namespaces=namespace)
-    proc.start()
-    yield proc
-    proc.stop()
-
-
 def test_a_failed_step_prints_operator_log_pod_events_and_rank0_log(
-    crds_installed: ControlPlane, operator: OperatorProcess, kube_api: Any, namespace: str, tmp_path: Path
+    crds_installed: ControlPlane, operator: OperatorProcess, cluster: Cluster, kube_api: Any, tmp_path: Path
 ) -> None:
-    cluster = Cluster(kube_api, namespace)
+    namespace = cluster.namespace
     kubelet = FakeKubelet(kube_api, node_name="kubetrain-log-node")
     with KubeletLogs(kubelet, tmp_path) as logs:
         cluster.custom.create_namespaced_custom_object(
