@@ -7,6 +7,7 @@ ROOT=$PWD
 VENV=${KUBETRAIN_VENV:-$ROOT/.venv}
 
 step() { printf '\n== %s\n' "$*"; }
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
 step "python environment ($VENV)"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
@@ -18,7 +19,6 @@ export PATH="$VENV/bin:$PATH"
 
 if ! command -v shellcheck >/dev/null 2>&1; then
   step "shellcheck (Debian package, for the e2e script's lint test)"
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq shellcheck
 fi
 
@@ -26,6 +26,10 @@ if [ -f tests/cluster/install.sh ]; then
   step "control plane binaries (cached under ${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain)"
   bash tests/cluster/install.sh
 fi
+
+step "images from the Dockerfile (buildah, cached by content; KUBETRAIN_SKIP_IMAGES=1 skips)"
+$SUDO env "XDG_CACHE_HOME=${XDG_CACHE_HOME:-$HOME/.cache}" "KUBETRAIN_VENV=$VENV" \
+  "KUBETRAIN_SKIP_IMAGES=${KUBETRAIN_SKIP_IMAGES:-}" bash tests/cluster/build-images.sh
 
 step "ruff"
 ruff check .

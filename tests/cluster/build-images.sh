@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# Builds the two images of the repository's Dockerfile, unmodified, with buildah and without a
+# registry, and saves each as an OCI archive the real-node tests import into containerd:
+#   docker.io/kubetrain/operator:0.1.0     --target operator
+#   docker.io/kubetrain/trainer:0.1.0-cpu  --target trainer, TRAINER_BASE=python:3.11-slim-bookworm
+# No registry serves base images here, so the Dockerfile's FROM image is made first: a Debian
+# bookworm minbase (debootstrap) with python3 and a virtualenv at /usr/local, so `python` and
+# `pip` come first on PATH and pip may install (PEP 668 does not apply in a virtualenv), the way
+# the official image behaves. It is committed under the FROM name and built with --pull=never.
+#
+# Caching, all under ${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain/images/:
+#   buildah/                  buildah's own storage (holds the base image only between runs)
+#   base-<recipe>.stamp       the base was built from this script's recipe (build_base + pins)
+#   wheels-torch-<version>/   torch and its CUDA wheels from PyPI, downloaded once on the host and
+#                             bind-mounted (with a pip.conf naming it in find-links) only into RUN
+#                             steps: a source change does not download ~2.5 GB again, and the
+#                             images hold what an online build installs
+#   <name>-<key>.oci.tar      an image; <key> hashes the Dockerfile, .dockerignore, every file
+#                             its COPY instructions read, the base recipe, target and build args
+# A warm run (nothing changed) only hashes the sources. Older archives of a name are removed.
+#
+# Network: RUN steps use the host's network (`--network host`: buildah's default networking
+# rewrites host iptables and bridges) and the host's CA bundle, since package traffic may pass a
+# TLS-intercepting proxy. PyPI's linux torch wheel is the CUDA build (the CPU index the
+# Dockerfile names is not reachable here): the trainer image is several GB.
+#
+# Usage: bash tests/cluster/build-images.sh [--print]    (as root, except --print)
+#   --print  prints the archive paths for the current sources without building anything
+# Knob: KUBETRAIN_SKIP_IMAGES=1 builds nothing.
+# Last lines: OPERATOR_IMAGE_ARCHIVE=<path> and TRAINER_IMAGE_ARCHIVE=<path>.
+set -euo pipefail
+
+# --- pins ---------------------------------------------------------------------------------------
+BASE_SUITE=bookworm
+BASE_MIRROR=http://deb.debian.org/debian
+BASE_PACKAGES=python3,python3-venv,ca-certificates
+PYPI_INDEX=https://pypi.org/simple
+# -------------------------------------------------------------------------------------------------
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+DOCKERFILE=$ROOT/Dockerfile
+CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain/images
+CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
+START=$SECONDS
+
+log() { printf '[images %4ds] %s\n' "$((SECONDS - START))" "$*" >&2; }
+die() { printf 'build-images.sh: %s\n' "$*" >&2; exit 1; }
+
+# The Dockerfile's own ARG default, so a pin is written in one place.
+dockerfile_arg() {
+  awk -F= -v name="$1" '$1 == "ARG " name { print $2; exit }' "$DOCKERFILE"
+}
+
+BASE_REF=docker.io/library/$(dockerfile_arg PYTHON_BASE)
+TORCH_VERSION=$(dockerfile_arg TORCH_VERSION)
+if [ -z "$TORCH_VERSION" ] || [ "$BASE_REF" = docker.io/library/ ]; then
+  die "$DOCKERFILE lacks ARG PYTHON_BASE or ARG TORCH_VERSION"
+fi
+
+buildah_() {
+  buildah --root "$CACHE/buildah" --runroot /run/kubetrain-images/buildah --storage-driver overlay "$@"
+}
+
+# --- the Python base ------------------------------------------------------------------------------
+build_base() {
+  local ctr mnt
+  ctr=$(buildah_ from scratch)
+  mnt=$(buildah_ mount "$ctr")
+  debootstrap --variant=minbase --include="$BASE_PACKAGES" "$BASE_SUITE" "$mnt" "$BASE_MIRROR" >&2
+  # /usr/local/bin precedes /usr/bin on PATH: python, python3 and pip resolve to the venv.
+  chroot "$mnt" /usr/bin/python3 -m venv /usr/local
+  chroot "$mnt" /usr/bin/apt-get clean
+  # The runtime supplies /dev, resolv.conf and the hostname; debootstrap copied the host's.
+  rm -rf "${mnt:?}"/dev/* "$mnt"/var/lib/apt/lists/* "$mnt"/etc/resolv.conf "$mnt"/etc/hostname
+  buildah_ umount "$ctr" >/dev/null
+  buildah_ config --env PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --env LANG=C.UTF-8 --cmd python3 "$ctr"
+  buildah_ commit --rm "$ctr" "$BASE_REF" >/dev/null
+}
+
+base_recipe() {
+  { declare -f build_base; echo "$BASE_SUITE $BASE_MIRROR $BASE_PACKAGES $BASE_REF"; } |
+    sha256sum | cut -c1-16
+}
+
+ensure_base() {
+  local stamp=$CACHE/base-$BASE_RECIPE.stamp t0=$SECONDS
+  if [ -f "$stamp" ] && buildah_ inspect --type image "$BASE_REF" >/dev/null 2>&1; then
+    log "base $BASE_REF cached ($stamp)"
+    return
+  fi
+  rm -f "$CACHE"/base-*.stamp
+  buildah_ rmi -f "$BASE_REF" >/dev/null 2>&1 || true
+  log "building base $BASE_REF: debootstrap $BASE_SUITE minbase + $BASE_PACKAGES"
+  build_base
+  touch "$stamp"
+  log "base built in $((SECONDS - t0)) s, $(buildah_ images --format '{{.Size}}' "$BASE_REF")"
+}
+
+# --- content keys ---------------------------------------------------------------------------------
+# What the build context puts into the images: the sources of every COPY without --from, minus
+# what .dockerignore drops from those folders (caches, egg-info).
+copy_sources() {
+  awk 'toupper($1) == "COPY" && $2 !~ /^--from/ {
+         for (i = 2; i < NF; i++) if ($i !~ /^--/) print $i
+       }' "$DOCKERFILE"
+}
+
+sources_hash() {
+  local -a sources
+  mapfile -t sources < <(copy_sources)
+  (
+    cd "$ROOT"
+    { printf '%s\0' Dockerfile .dockerignore
+      find "${sources[@]}" \( -name __pycache__ -o -name '*.egg-info' \) -prune \
+        -o -type f ! -name '*.pyc' -print0 | LC_ALL=C sort -z
+    } | xargs -0 sha256sum | sha256sum | cut -c1-64
+  )
+}
+
+# image_key TARGET BUILD_ARG...: what decides an image's content.
+image_key() {
+  printf '%s\n' "$SOURCES" "$BASE_RECIPE" "$@" | sha256sum | cut -c1-16
+}
+
+# --- the images -----------------------------------------------------------------------------------
+ensure_wheels() {
+  WHEELS=$CACHE/wheels-torch-$TORCH_VERSION
+  if [ -f "$WHEELS/.complete" ]; then
+    return
+  fi
+  local python=${KUBETRAIN_VENV:-$ROOT/.venv}/bin/python t0=$SECONDS
+  [ -x "$python" ] || python=python3
+  find "$CACHE" -maxdepth 1 -name 'wheels-torch-*' ! -path "$WHEELS" -exec rm -rf {} +
+  # For the host's Python and platform: on a bookworm host with Python 3.11 (as here and in CI)
+  # the same files the base's pip picks; elsewhere pip in the build simply downloads its own.
+  log "downloading torch==$TORCH_VERSION and its dependencies from PyPI into $WHEELS"
+  "$python" -m pip download -q --dest "$WHEELS" --index-url "$PYPI_INDEX" "torch==$TORCH_VERSION" >&2
+  touch "$WHEELS/.complete"
+  log "wheels downloaded in $((SECONDS - t0)) s: $(du -sh "$WHEELS" | cut -f1)"
+}
+
+# build_image NAME REF TARGET BUILD_ARG...: prints the archive, building it when missing.
+build_image() {
+  local name=$1 ref=$2 target=$3 key archive t0=$SECONDS
+  shift 3
+  key=$(image_key "$target" "$@")
+  archive=$CACHE/$name-$key.oci.tar
+  if [ -f "$archive" ] || [ "$MODE" = print ]; then
+    echo "$archive"
+    return
+  fi
+  local -a args=()
+  for arg in "$@"; do args+=(--build-arg "$arg"); done
+  log "building $ref (--target $target $*)"
+  buildah_ bud --pull=never --network host --layers=false --target "$target" -t "$ref" \
+    -v "$CA_BUNDLE:$CA_BUNDLE:ro" -v "$CACHE/pip.conf:/etc/pip.conf:ro" -v "$WHEELS:/wheels-cache:ro" \
+    "${args[@]}" -f "$DOCKERFILE" "$ROOT" >&2
+  local built=$SECONDS
+  # Uncompressed: gzip of the trainer's GBs costs minutes and containerd unpacks it right away.
+  buildah_ push --disable-compression "$ref" "oci-archive:$archive.partial:$ref" >&2
+  mv "$archive.partial" "$archive"
+  find "$CACHE" -maxdepth 1 -name "$name-*.oci.tar*" ! -path "$archive" -delete
+  buildah_ rmi "$ref" >/dev/null
+  buildah_ rmi --prune >/dev/null 2>&1 || true
+  log "$ref: built in $((built - t0)) s, archived in $((SECONDS - built)) s," \
+    "$(du -h "$archive" | cut -f1) $archive"
+  echo "$archive"
+}
+
+main() {
+  MODE=build
+  case "${1:-}" in
+    --print) MODE=print ;;
+    "") ;;
+    *) die "unknown argument $1 (usage: build-images.sh [--print])" ;;
+  esac
+  if [ "${KUBETRAIN_SKIP_IMAGES:-}" = 1 ] && [ "$MODE" = build ]; then
+    log "KUBETRAIN_SKIP_IMAGES=1: building no images"
+    return
+  fi
+  BASE_RECIPE=$(base_recipe)
+  SOURCES=$(sources_hash)
+  local base_name=${BASE_REF#docker.io/library/} operator trainer
+  if [ "$MODE" = build ]; then
+    [ "$(id -u)" -eq 0 ] || die "needs root (buildah, debootstrap, chroot)"
+    mkdir -p "$CACHE"
+    install_tools
+    ensure_base
+    ensure_wheels
+    printf '[global]\nfind-links = /wheels-cache\ncert = %s\n' "$CA_BUNDLE" >"$CACHE/pip.conf"
+  fi
+  operator=$(build_image operator docker.io/kubetrain/operator:0.1.0 operator)
+  trainer=$(build_image trainer-cpu docker.io/kubetrain/trainer:0.1.0-cpu trainer \
+    "TRAINER_BASE=$base_name" "TORCH_INDEX_URL=$PYPI_INDEX")
+  [ "$MODE" = print ] || log "done; cache $(du -sh "$CACHE" | cut -f1) in $CACHE"
+  echo "OPERATOR_IMAGE_ARCHIVE=$operator"
+  echo "TRAINER_IMAGE_ARCHIVE=$trainer"
+}
+
+install_tools() {
+  command -v buildah >/dev/null && command -v debootstrap >/dev/null && return
+  log "installing buildah and debootstrap (Debian packages)"
+  apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+    buildah debootstrap >&2
+}
+
+main "$@"
