@@ -26,6 +26,7 @@ from support.tools import which
 
 PROVIDER_ENV = "KUBETRAIN_E2E_PROVIDER"
 PROVIDERS = ("node", "kind")
+KUBEPODS_MEMORY = Path("/sys/fs/cgroup/memory/kubepods")
 
 
 class Provider(Protocol):
@@ -45,8 +46,8 @@ class Provider(Protocol):
 
     def describe_failure(self) -> str: ...
 
-    def memory_mib(self) -> float | None:
-        """Resident memory of the cluster's own processes now (None: not measurable)."""
+    def memory_mib(self) -> dict[str, float]:
+        """Resident memory now, MiB, by part (empty: not measurable here)."""
 
 
 @dataclass
@@ -74,8 +75,12 @@ class NodeProvider:
     def describe_failure(self) -> str:
         return str(self.node.describe_failure())
 
-    def memory_mib(self) -> float | None:
-        return float(sum(self.node.rss_mib().values()))
+    def memory_mib(self) -> dict[str, float]:
+        """The node's and control plane's processes, and every pod's containers (the kubelet's
+        `kubepods` memory cgroup, cgroup v1: its total_rss, not the page cache)."""
+        stat = KUBEPODS_MEMORY / "memory.stat"
+        rss = next((line.split()[1] for line in _lines(stat) if line.startswith("total_rss ")), "0")
+        return {"processes": float(sum(self.node.rss_mib().values())), "pods": int(rss) / 2**20}
 
 
 @dataclass
@@ -110,8 +115,12 @@ class KindProvider:
         nodes = self.kubectl("get", "nodes", "-o", "wide", check=False)
         return nodes.stdout + nodes.stderr
 
-    def memory_mib(self) -> float | None:
-        return None
+    def memory_mib(self) -> dict[str, float]:
+        return {}
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.is_file() else []
 
 
 @contextmanager
