@@ -63,7 +63,7 @@ def test_scenario_covers_the_issue() -> None:
         '"delete", "pod", f"{job}-node-1"',
         '"--previous-attempt"',
         'run.logs(job, "-f"',
-        '"event":"resume"',
+        '["event"] == "resume"',
         '"PodDeleted"',
     ]
     assert [step for step in steps if step not in text] == []

@@ -37,6 +37,8 @@ from support.providers import Provider, provider
 from support.tools import ROOT, missing_tool
 from support.waiting import wait_for
 
+from kubetrain.api.records import records_in
+
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60 * 60)]
 
 RELEASE = OPERATOR_NS = "kubetrain"
@@ -80,12 +82,12 @@ class Scenario:
         return self.cluster.kubectl(*args, **options)
 
     def job(self, name: str) -> dict[str, Any]:
-        return json.loads(self.kubectl("get", "trainingjob", name, "-n", JOB_NS, "-o", "json").stdout)  # type: ignore[no-any-return]
+        return json.loads(self.kubectl("get", "trainingjob", name, "-n", JOB_NS, "-o", "json").stdout)
 
     def records(self, pod: str) -> list[dict[str, Any]]:
-        """The metrics records in a pod's log (one JSON object per line, among human lines)."""
+        """The metrics records in a pod's log, parsed as the operator parses them."""
         got = self.kubectl("logs", "-n", JOB_NS, pod, "-c", "trainer", check=False)
-        return [json.loads(line) for line in got.stdout.splitlines() if line.startswith('{"event"')]
+        return records_in(got.stdout)
 
     def logs(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """`kubetrain logs` as a user runs it."""
@@ -260,9 +262,8 @@ def restart_and_resume(run: Scenario) -> None:
         assert follow.returncode == 0, follow.stderr
         for rank in (0, 1):
             assert f"[node-{rank}] log ended: pod {job}-node-{rank} is Succeeded" in follow.stderr, follow.stderr
-        resumed = [
-            json.loads(line.split(" ", 1)[1]) for line in follow.stdout.splitlines() if '"event":"resume"' in line
-        ]
+        node0 = "\n".join(line.removeprefix("[node-0] ") for line in follow.stdout.splitlines())
+        resumed = [record for record in records_in(node0) if record["event"] == "resume"]
         assert resumed and resumed[0]["step"] > 0 and resumed[0]["step"] >= checkpoint, (resumed, checkpoint)
     with run.diagnose.step(f"{job} Succeeded after one gang restart", job=job):
         run.kubectl(
