@@ -138,13 +138,12 @@ def logs(
     ] = None,
     kubeconfig: Annotated[
         Path | None,
-        typer.Option(
-            envvar="KUBECONFIG", help="kubeconfig file (default ~/.kube/config; in a pod its ServiceAccount)."
-        ),
+        typer.Option(help="kubeconfig file (default: KUBECONFIG, else ~/.kube/config; in a pod its ServiceAccount)."),
     ] = None,
 ) -> None:
-    """Print every node's log of a TrainingJob's current attempt from the cluster, `[node-i]`-prefixed.
+    """Print every node's log of a TrainingJob's current attempt from the cluster.
 
+    Each line starts with its node (node-0, node-1, ...) as `kubetrain run --local` shows it.
     Exit codes: 0 every asked-for node's log was read; 1 the job is missing, has no pods, or a
     node has no log (its reason, e.g. ImagePullBackOff, is said on stderr).
     """
