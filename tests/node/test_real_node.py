@@ -1,0 +1,91 @@
+"""A real node (containerd + runc + kubelet + CoreDNS, tests/support/node.py) runs real pods:
+a FROM-scratch image reaches Running under Pod Security `restricted`, `kubectl logs` streams
+through the kubelet, pods resolve headless-Service names and reach the apiserver at the
+`kubernetes` Service IP, a hostPath PV binds and is writable by a non-root pod, and pods have
+no default route."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from pathlib import Path
+
+import pytest
+from support.node import RealNode
+from support.nodeconfig import KUBERNETES_SERVICE_IP, POD_CIDR, SERVICE_CIDR
+from support.nodepods import pod_logs, restricted_namespace, run_pod, scratch_pod
+from support.waiting import wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def test_scratch_pod_runs_and_kubectl_logs_reads_it_through_the_kubelet(real_node: RealNode) -> None:
+    ns = restricted_namespace(real_node, "logs")
+    seconds = run_pod(real_node, ns, scratch_pod("hello", ["hello", "3"]))
+    print(f"\nscratch pod create -> Running: {seconds:.1f} s")
+    wait_for(lambda: pod_logs(real_node, ns, "hello").count("\n") == 3, 30, "3 log lines")
+    assert pod_logs(real_node, ns, "hello") == "".join(f"hello {i} from hello\n" for i in range(1, 4))
+    ip = real_node.cp.kubectl("get", "pod", "hello", "-n", ns, "-o", "jsonpath={.status.podIP}").stdout
+    assert ip.startswith(POD_CIDR.split(".0.0/")[0] + "."), ip
+
+
+def test_pod_resolves_a_headless_service_name_and_reaches_the_apiserver(real_node: RealNode) -> None:
+    ns = restricted_namespace(real_node, "dns")
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "workers"},
+        "spec": {"clusterIP": "None", "selector": {"app": "worker-0"}, "ports": [{"port": 29500}]},
+    }
+    real_node.cp.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(service))
+    run_pod(real_node, ns, scratch_pod("worker-0", ["hello", "1"], hostname="worker-0", subdomain="workers"))
+    worker_ip = real_node.cp.kubectl("get", "pod", "worker-0", "-n", ns, "-o", "jsonpath={.status.podIP}").stdout
+    name = f"worker-0.workers.{ns}.svc.cluster.local"
+    run_pod(real_node, ns, scratch_pod("peer", ["resolve", name]))
+    run_pod(real_node, ns, scratch_pod("client", ["resolve", "kubernetes.default.svc.cluster.local", "443"]))
+    wait_for(lambda: f"resolved {name} {worker_ip}\n" in pod_logs(real_node, ns, "peer"), 60, f"{name} resolved")
+    expected = f"connected {KUBERNETES_SERVICE_IP}:443\n"
+    wait_for(lambda: expected in pod_logs(real_node, ns, "client"), 30, "a connection to the kubernetes Service")
+
+
+def test_hostpath_volume_binds_a_classless_claim_writable_by_a_non_root_pod(real_node: RealNode) -> None:
+    ns = restricted_namespace(real_node, "volume")
+    path = real_node.hostpath_volume("scratch-pv", size="1Gi")
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    real_node.cp.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(claim))
+    volumes = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
+    pod = scratch_pod("writer", ["touch", "/data/written"], volumes=volumes)
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+    run_pod(real_node, ns, pod)
+    wait_for(lambda: "wrote /data/written\n" in pod_logs(real_node, ns, "writer"), 30, "the pod's write", interval=0.2)
+    assert (path / "written").stat().st_uid == 10001
+
+
+def test_pods_have_no_default_route(real_node: RealNode) -> None:
+    ns = restricted_namespace(real_node, "routes")
+    run_pod(real_node, ns, scratch_pod("routes", ["hello", "1"]))
+    tasks = [line.split() for line in real_node.ctr("tasks", "ls").stdout.splitlines()[1:]]
+    pids = [int(row[1]) for row in tasks if row[2] == "RUNNING"]
+    # Every container of the node, pause sandboxes included: /proc/<pid>/net/route is its netns'.
+    tables = {pid: _routes(pid) for pid in pids}
+    pod_tables = [routes for routes in tables.values() if routes != _routes(1)]
+    assert pod_tables, tables
+    for routes in pod_tables:
+        assert "0.0.0.0/0" not in routes, routes
+        assert {POD_CIDR, SERVICE_CIDR} <= set(routes), routes
+
+
+def _routes(pid: int) -> list[str]:
+    """Destinations in /proc/<pid>/net/route (hex little-endian address and mask)."""
+    out = []
+    for line in Path(f"/proc/{pid}/net/route").read_text().splitlines()[1:]:
+        fields = line.split()
+        dest = ipaddress.IPv4Address(int(fields[1], 16).to_bytes(4, "little"))
+        mask = bin(int(fields[7], 16)).count("1")
+        out.append(f"{dest}/{mask}")
+    return out
