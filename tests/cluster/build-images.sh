@@ -11,24 +11,30 @@
 # Caching, all under ${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain/images/:
 #   buildah/                  buildah's own storage (holds the base image only between runs)
 #   base-<recipe>.stamp       the base was built from this script's recipe (build_base + pins)
-#   wheels-torch-<version>/   torch and its CUDA wheels from PyPI, downloaded once on the host and
-#                             bind-mounted (with a pip.conf naming it in find-links) only into RUN
-#                             steps: a source change does not download ~2.5 GB again, and the
-#                             images hold what an online build installs
+#   wheels-torch-<version>/   torch and its CUDA wheels from PyPI, downloaded once on the host
+#                             with a PEP 503 index over them (simple/), bind-mounted at /mnt (an
+#                             empty directory of the base, so no mount point is left in the image)
+#                             and passed as TORCH_INDEX_URL=file:///mnt/simple: a source change
+#                             does not download ~2.3 GB again, and the trainer holds the files an
+#                             online build from PyPI installs
 #   <name>-<key>.oci.tar      an image; <key> hashes the Dockerfile, .dockerignore, every file
-#                             its COPY instructions read, the base recipe, target and build args
+#                             its COPY instructions read, the base recipe, this script's build
+#                             functions, the target and build args
 # A warm run (nothing changed) only hashes the sources. Older archives of a name are removed.
 #
-# Network: RUN steps use the host's network (`--network host`: buildah's default networking
-# rewrites host iptables and bridges) and the host's CA bundle, since package traffic may pass a
+# RUN steps run in a chroot (`--isolation chroot`: crun refused this VM's hybrid cgroups, "cgroups
+# in hybrid mode not supported") on the host's network (buildah's default networking rewrites host
+# iptables and bridges) with the host's CA bundle, since package traffic may pass a
 # TLS-intercepting proxy. PyPI's linux torch wheel is the CUDA build (the CPU index the
-# Dockerfile names is not reachable here): the trainer image is several GB.
+# Dockerfile names is not reachable here): the trainer image is several GB. Failed builds leave
+# no working containers behind (--force-rm).
 #
 # Usage: bash tests/cluster/build-images.sh [--print]    (as root, except --print)
 #   --print  prints the archive paths for the current sources without building anything
 # Knob: KUBETRAIN_SKIP_IMAGES=1 builds nothing.
 # Last lines: OPERATOR_IMAGE_ARCHIVE=<path> and TRAINER_IMAGE_ARCHIVE=<path>.
 set -euo pipefail
+shopt -s inherit_errexit
 
 # --- pins ---------------------------------------------------------------------------------------
 BASE_SUITE=bookworm
@@ -118,9 +124,10 @@ sources_hash() {
   )
 }
 
-# image_key TARGET BUILD_ARG...: what decides an image's content.
+# image_key TARGET BUILD_ARG...: what decides an image's content, including how it is built.
 image_key() {
-  printf '%s\n' "$SOURCES" "$BASE_RECIPE" "$@" | sha256sum | cut -c1-16
+  { printf '%s\n' "$SOURCES" "$BASE_RECIPE" "$@"; declare -f build_image archive_image write_index; } |
+    sha256sum | cut -c1-16
 }
 
 # --- the images -----------------------------------------------------------------------------------
@@ -136,8 +143,22 @@ ensure_wheels() {
   # the same files the base's pip picks; elsewhere pip in the build simply downloads its own.
   log "downloading torch==$TORCH_VERSION and its dependencies from PyPI into $WHEELS"
   "$python" -m pip download -q --dest "$WHEELS" --index-url "$PYPI_INDEX" "torch==$TORCH_VERSION" >&2
+  write_index "$WHEELS"
   touch "$WHEELS/.complete"
   log "wheels downloaded in $((SECONDS - t0)) s: $(du -sh "$WHEELS" | cut -f1)"
+}
+
+# write_index DIR: DIR/simple/<project>/index.html linking DIR's wheels, the layout pip reads from a
+# file:// --index-url (project names normalized as PEP 503 says: lower case, runs of -_. as -).
+write_index() {
+  local wheel file project
+  rm -rf "$1/simple"
+  for wheel in "$1"/*.whl; do
+    file=${wheel##*/}
+    project=$(printf '%s' "${file%%-*}" | tr 'A-Z_.' 'a-z--' | tr -s -)
+    mkdir -p "$1/simple/$project"
+    printf '<a href="../../%s">%s</a>\n' "$file" "$file" >>"$1/simple/$project/index.html"
+  done
 }
 
 # build_image NAME REF TARGET BUILD_ARG...: prints the archive, building it when missing.
@@ -150,22 +171,37 @@ build_image() {
     echo "$archive"
     return
   fi
-  local -a args=()
+  # Older archives of this image go first: the trainer's are GBs and the disk is shared.
+  find "$CACHE" -maxdepth 1 -name "$name-*.oci.tar*" -exec rm -rf {} +
+  local -a args=(-v "$CA_BUNDLE:$CA_BUNDLE:ro")
+  # Only the trainer installs torch (from TORCH_INDEX_URL=file:///mnt/simple).
+  [ "$target" != trainer ] || args+=(-v "$WHEELS:/mnt:ro")
   for arg in "$@"; do args+=(--build-arg "$arg"); done
   log "building $ref (--target $target $*)"
-  buildah_ bud --pull=never --network host --layers=false --target "$target" -t "$ref" \
-    -v "$CA_BUNDLE:$CA_BUNDLE:ro" -v "$CACHE/pip.conf:/etc/pip.conf:ro" -v "$WHEELS:/wheels-cache:ro" \
-    "${args[@]}" -f "$DOCKERFILE" "$ROOT" >&2
+  # Docker format, as `docker build` makes: in OCI format buildah 1.28 ignores the Dockerfile's
+  # SHELL and runs RUN steps with /bin/sh. The archive is converted to OCI on push.
+  buildah_ bud --format docker --pull=never --isolation chroot --network host --layers=false \
+    --force-rm --target "$target" -t "$ref" "${args[@]}" -f "$DOCKERFILE" "$ROOT" >&2
   local built=$SECONDS
-  # Uncompressed: gzip of the trainer's GBs costs minutes and containerd unpacks it right away.
-  buildah_ push --disable-compression "$ref" "oci-archive:$archive.partial:$ref" >&2
-  mv "$archive.partial" "$archive"
-  find "$CACHE" -maxdepth 1 -name "$name-*.oci.tar*" ! -path "$archive" -delete
-  buildah_ rmi "$ref" >/dev/null
-  buildah_ rmi --prune >/dev/null 2>&1 || true
+  archive_image "$ref" "$archive"
   log "$ref: built in $((built - t0)) s, archived in $((SECONDS - built)) s," \
     "$(du -h "$archive" | cut -f1) $archive"
   echo "$archive"
+}
+
+# archive_image REF ARCHIVE: an OCI layout in a tar, named REF (containerd's import name), and the
+# image out of buildah's storage. The layout is written as a directory and the storage copy is
+# removed before the tar is made: at most two copies of the trainer's GBs exist at once (an
+# oci-archive: push holds three). Layers are gzip level 0 (stored): buildah 1.28 ignores
+# --disable-compression for OCI destinations, and real gzip of the trainer costs ~5 minutes here.
+archive_image() {
+  local ref=$1 archive=$2 layout=$2.d
+  buildah_ push --format oci --compression-level 0 "$ref" "oci:$layout:$ref" >&2
+  buildah_ rmi "$ref" >/dev/null
+  buildah_ rmi --prune >/dev/null 2>&1 || true
+  tar -C "$layout" -cf "$archive.partial" oci-layout index.json blobs
+  rm -rf "$layout"
+  mv "$archive.partial" "$archive"
 }
 
 main() {
@@ -185,15 +221,24 @@ main() {
   if [ "$MODE" = build ]; then
     [ "$(id -u)" -eq 0 ] || die "needs root (buildah, debootstrap, chroot)"
     mkdir -p "$CACHE"
+    # One build at a time owns the storage, so an interrupted build's working containers (which
+    # --force-rm cannot reach) are removed on exit without touching another build's.
+    exec 9>"$CACHE/.lock"
+    flock 9
+    trap 'buildah_ rm --all >/dev/null 2>&1 || true' EXIT
+    # buildah's temporary copies of a layer (GBs for the trainer) stay in the cache, where an
+    # interrupted push's leftovers are found and removed by the next run.
+    export TMPDIR=$CACHE/tmp
+    rm -rf "$TMPDIR"
+    mkdir -p "$TMPDIR"
     install_tools
     ensure_base
     ensure_wheels
-    printf '[global]\nfind-links = /wheels-cache\ncert = %s\n' "$CA_BUNDLE" >"$CACHE/pip.conf"
   fi
   operator=$(build_image operator docker.io/kubetrain/operator:0.1.0 operator)
   trainer=$(build_image trainer-cpu docker.io/kubetrain/trainer:0.1.0-cpu trainer \
-    "TRAINER_BASE=$base_name" "TORCH_INDEX_URL=$PYPI_INDEX")
-  [ "$MODE" = print ] || log "done; cache $(du -sh "$CACHE" | cut -f1) in $CACHE"
+    "TRAINER_BASE=$base_name" "TORCH_INDEX_URL=file:///mnt/simple")
+  [ "$MODE" = print ] || log "done; cache $(du -shx "$CACHE" | cut -f1) in $CACHE"
   echo "OPERATOR_IMAGE_ARCHIVE=$operator"
   echo "TRAINER_IMAGE_ARCHIVE=$trainer"
 }

@@ -37,9 +37,10 @@ def expected_archives(root: Path = ROOT, env: dict[str, str] | None = None) -> d
     return found
 
 
-def archives() -> dict[str, Path]:
-    """Image ref -> OCI archive of the current sources; Unavailable when one is not built."""
-    found = expected_archives()
+def archives(*refs: str) -> dict[str, Path]:
+    """Image ref -> OCI archive of the current sources, for `refs` (default: both images);
+    Unavailable when one is not built."""
+    found = {ref: path for ref, path in expected_archives().items() if ref in (refs or _KEYS.values())}
     missing = [f"{ref} ({path})" for ref, path in found.items() if not path.is_file()]
     if missing:
         raise Unavailable(f"images not built for the current sources: {', '.join(missing)}; run: bash {BUILD_SCRIPT}")
