@@ -3,33 +3,19 @@ workload image, one static C program (scratch.c) alone in a FROM-scratch image."
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support import node as real
-from support import ociimage
+from support import nodepods
 from support.node import RealNode
-from support.nodepods import SCRATCH_IMAGE
-
-HERE = Path(__file__).resolve().parent
-
-
-def node_or_skip() -> None:
-    reason = real.missing()
-    if reason:
-        # A `cluster` test: under KUBETRAIN_REQUIRE_CONTROL_PLANE=1 this skip is a failure.
-        pytest.skip(f"no real node: {reason}")
 
 
 @pytest.fixture(scope="session")
 def scratch_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    node_or_skip()
-    out = tmp_path_factory.mktemp("scratch-image")
-    subprocess.run(["gcc", "-Os", "-static", "-o", str(out / "scratch"), str(HERE / "scratch.c")],
-                   check=True, capture_output=True)  # fmt: skip
-    return ociimage.scratch_image(SCRATCH_IMAGE, {"/scratch": out / "scratch"}, ["/scratch"], out / "scratch.tar")
+    nodepods.node_or_skip()
+    return nodepods.scratch_archive(tmp_path_factory.mktemp("scratch-image"))
 
 
 @pytest.fixture(scope="module")
@@ -38,5 +24,6 @@ def real_node(scratch_archive: Path) -> Iterator[RealNode]:
     with real.running_node() as node:
         node.load_images([scratch_archive])
         timings = {k: round(v, 1) for k, v in node.timings.items() if k != "t0"}
-        print(f"\nreal node up: {timings} s; RSS MiB { ({k: round(v) for k, v in node.rss_mib().items()}) }")
+        rss = {k: round(v) for k, v in node.rss_mib().items()}
+        print(f"\nreal node up: {timings} s; RSS MiB {rss}")
         yield node

@@ -6,11 +6,15 @@ no default route."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
+from support import ociimage
+from support.controlplane import ToolError
 from support.node import RealNode
 from support.nodeconfig import KUBERNETES_SERVICE_IP, POD_CIDR, SERVICE_CIDR
 from support.nodepods import pod_logs, restricted_namespace, run_pod, scratch_pod
@@ -27,6 +31,19 @@ def test_scratch_pod_runs_and_kubectl_logs_reads_it_through_the_kubelet(real_nod
     assert pod_logs(real_node, ns, "hello") == "".join(f"hello {i} from hello\n" for i in range(1, 4))
     ip = real_node.cp.kubectl("get", "pod", "hello", "-n", ns, "-o", "jsonpath={.status.podIP}").stdout
     assert ip.startswith(POD_CIDR.split(".0.0/")[0] + "."), ip
+    # exec streams through the kubelet too: the program's usage error and exit code come back.
+    done = real_node.cp.kubectl("exec", "hello", "-n", ns, "--", "/scratch", check=False)
+    assert (done.returncode, done.stderr.splitlines()[0]) == (
+        2,
+        "usage: scratch hello N | resolve NAME [PORT] | touch PATH",
+    )
+
+
+def test_describe_failure_shows_every_log_the_node_conditions_and_events(real_node: RealNode) -> None:
+    text = real_node.describe_failure(tail_lines=5)
+    for part in ("--- containerd.log", "--- kubelet.log", "--- coredns.log", "--- kube-apiserver.log",
+                 "Ready=True KubeletReady", "--- kubectl get events", "--- kubectl get pods"):  # fmt: skip
+        assert part in text, part
 
 
 def test_pod_resolves_a_headless_service_name_and_reaches_the_apiserver(real_node: RealNode) -> None:
@@ -89,3 +106,27 @@ def _routes(pid: int) -> list[str]:
         mask = bin(int(fields[7], 16)).count("1")
         out.append(f"{dest}/{mask}")
     return out
+
+
+def test_load_images_names_a_buildah_style_archive_and_skips_one_already_there(
+    real_node: RealNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = "docker.io/kubetrain/scratch-test:1"
+    binary = tmp_path / "hello"
+    binary.write_bytes(b"#!/bin/false\n")
+    archive = ociimage.scratch_image(ref, {"/hello": binary}, ["/hello"], tmp_path / "a.tar", ref_name_only=True)
+    # containerd's store outlives the node: start from an image that is not there.
+    with contextlib.suppress(ToolError):
+        real_node.ctr("images", "rm", ref)
+    assert real_node.load_images([archive]) == [ref]
+    assert ref in real_node.images()
+    calls: list[tuple[str, ...]] = []
+    ctr = real_node.ctr
+
+    def recording_ctr(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        calls.append(args)
+        return ctr(*args, timeout=timeout)
+
+    monkeypatch.setattr(real_node, "ctr", recording_ctr)
+    assert real_node.load_images([archive]) == [ref]
+    assert calls == [("images", "ls")]

@@ -293,6 +293,9 @@ class ControlPlane:
                 proc.kill()
                 proc.wait(timeout=grace)
         self.processes.clear()
+        # etcd preallocates a 64 MB WAL: a session's worth of stopped control planes filled /tmp
+        # by gigabytes. The logs and certificates stay for a post-mortem.
+        shutil.rmtree(self.workdir / "etcd", ignore_errors=True)
 
 
 def _readyz(server: str, pki: Path) -> Callable[[], bool]:

@@ -34,7 +34,13 @@ SYSCTLS = (
 # Host directories the kubelet, containerd and the CNI plugins write whatever their config says.
 WATCHED_DIRS = ("/var/log/containers", "/var/log/pods", "/var/lib/cni", "/run/netns", "/etc/cni")
 IPTABLES_TABLES = ("filter", "nat", "mangle")
+IPTABLES = {"ipv4": "iptables", "ipv6": "ip6tables"}
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# `kubetrain run --local --netns` (local/netns.py) of another test session on this machine
+# creates these for a while: its bridge and veths, and namespaces named kubetrain-<job>-<tag>-<rank>.
+# They are not the node's, and a node check that saw them would fail at random.
+LOCAL_RUNNER_LINK = re.compile(r"^kt[0-9a-f]{4}(br|h\d+|n\d+)$")
+LOCAL_RUNNER_NETNS = "kubetrain-"
 
 
 def _run(*argv: str) -> str:
@@ -42,18 +48,19 @@ def _run(*argv: str) -> str:
 
 
 def links() -> list[str]:
-    return sorted(line.split(":")[1].strip().split("@")[0] for line in _run("ip", "-o", "link", "show").splitlines())
+    names = (line.split(":")[1].strip().split("@")[0] for line in _run("ip", "-o", "link", "show").splitlines())
+    return sorted(name for name in names if not LOCAL_RUNNER_LINK.match(name))
 
 
 def iptables() -> dict[str, list[str]]:
-    """{"iptables nat": [rules and chain declarations]} without counters or comments."""
+    """{"ipv4 nat": [chain declarations and rules]} without counters or comments."""
     rules: dict[str, list[str]] = {}
-    for save in ("iptables-save", "ip6tables-save"):
-        if shutil.which(save) is None:
+    for family, tool in IPTABLES.items():
+        if shutil.which(f"{tool}-save") is None:
             continue
         for table in IPTABLES_TABLES:
-            out = _run(save, "-t", table)
-            rules[f"{save.removesuffix('-save')} {table}"] = [
+            out = _run(f"{tool}-save", "-t", table)
+            rules[f"{family} {table}"] = [
                 re.sub(r"\s\[\d+:\d+\]$", "", line) for line in out.splitlines() if not line.startswith(("#", "COMMIT"))
             ]
     return rules
@@ -71,7 +78,14 @@ def mounts(roots: Iterable[Path]) -> list[str]:
     """Mount points at or under `roots` (and every network namespace mount)."""
     prefixes = [str(r).rstrip("/") for r in [*roots, Path("/run/netns"), Path("/var/run/netns")]]
     points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    return sorted({p for p in points if any(p == r or p.startswith(r + "/") for r in prefixes)})
+    return sorted(
+        {
+            p
+            for p in points
+            if any(p == r or p.startswith(r + "/") for r in prefixes)
+            and not Path(p).name.startswith(LOCAL_RUNNER_NETNS)
+        }
+    )
 
 
 def watched_dirs() -> dict[str, list[str] | None]:
@@ -79,7 +93,8 @@ def watched_dirs() -> dict[str, list[str] | None]:
     listing: dict[str, list[str] | None] = {}
     for top in WATCHED_DIRS:
         root = Path(top)
-        listing[top] = sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.is_dir() else None
+        files = (str(p.relative_to(root)) for p in root.rglob("*")) if root.is_dir() else None
+        listing[top] = None if files is None else sorted(f for f in files if not f.startswith(LOCAL_RUNNER_NETNS))
     return listing
 
 
@@ -121,7 +136,8 @@ def differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 def undo_iptables(before: dict[str, Any]) -> None:
     """Delete the rules that jump to chains created since `before`, then those chains."""
     for key, rules in iptables().items():
-        tool, table = key.split()
+        family, table = key.split()
+        tool = IPTABLES[family]
         old_chains = {r.split()[0] for r in before["iptables"].get(key, []) if r.startswith(":")}
         new_chains = [r[1:].split()[0] for r in rules if r.startswith(":") and r.split()[0] not in old_chains]
         for rule in rules:

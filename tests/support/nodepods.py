@@ -4,13 +4,20 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from support import node as real
+from support import ociimage
 from support.node import RealNode
 from support.waiting import wait_for
 
 SCRATCH_IMAGE = "kubetrain.test/scratch:1"
+SCRATCH_SOURCE = Path(__file__).resolve().parents[1] / "node" / "scratch.c"
 # What Pod Security `restricted` asks of every container.
 RESTRICTED = {
     "runAsNonRoot": True,
@@ -19,6 +26,21 @@ RESTRICTED = {
     "capabilities": {"drop": ["ALL"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+
+
+def node_or_skip() -> None:
+    reason = real.missing()
+    if reason:
+        # A `cluster` test: under KUBETRAIN_REQUIRE_CONTROL_PLANE=1 this skip is a failure.
+        pytest.skip(f"no real node: {reason}")
+
+
+def scratch_archive(out: Path) -> Path:
+    """Compile scratch.c statically and write it as the FROM-scratch image SCRATCH_IMAGE."""
+    subprocess.run(
+        ["gcc", "-Os", "-static", "-o", str(out / "scratch"), str(SCRATCH_SOURCE)], check=True, capture_output=True
+    )
+    return ociimage.scratch_image(SCRATCH_IMAGE, {"/scratch": out / "scratch"}, ["/scratch"], out / "scratch.tar")
 
 
 def restricted_namespace(node: RealNode, name: str) -> str:

@@ -41,9 +41,13 @@ def _json(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def scratch_image(ref: str, files: Mapping[str, Path], entrypoint: Sequence[str], out: Path) -> Path:
+def scratch_image(
+    ref: str, files: Mapping[str, Path], entrypoint: Sequence[str], out: Path, *, ref_name_only: bool = False
+) -> Path:
     """Write an OCI image-layout tar at `out` named `ref` (e.g. "registry.k8s.io/pause:3.10"):
-    `files` maps paths in the image to host files (made executable), run as `entrypoint`."""
+    `files` maps paths in the image to host files (made executable), run as `entrypoint`.
+    `ref_name_only`: name it only by a full-ref org.opencontainers.image.ref.name, as
+    `buildah push ... oci-archive:` does."""
     layer = _layer(files)
     with tarfile.open(out, "w") as archive:
         layer_digest = _blob(archive, layer)
@@ -75,7 +79,9 @@ def scratch_image(ref: str, files: Mapping[str, Path], entrypoint: Sequence[str]
                     "mediaType": "application/vnd.oci.image.manifest.v1+json",
                     "digest": _blob(archive, manifest),
                     "size": len(manifest),
-                    "annotations": {CONTAINERD_NAME: ref, OCI_REF_NAME: ref.rpartition(":")[2]},
+                    "annotations": {OCI_REF_NAME: ref}
+                    if ref_name_only
+                    else {CONTAINERD_NAME: ref, OCI_REF_NAME: ref.rpartition(":")[2]},
                 }
             ],
         }
