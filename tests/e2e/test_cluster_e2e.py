@@ -188,13 +188,19 @@ def train_the_example(run: Scenario) -> None:
     with run.diagnose.step("digits-cpu status, printer columns, Events, pod timings", job="digits-cpu"):
         check_finished_job(run, applied)
     with run.diagnose.step("kubetrain logs of digits-cpu against the real kubelet", job="digits-cpu"):
+        # Every node's log was read (exit 0, nothing on stderr); only rank 0 prints records
+        # (rank 1's log may well be empty), and its lines come first.
         every = run.logs("digits-cpu")
-        assert every.returncode == 0, every.stderr
+        assert (every.returncode, every.stderr) == (0, ""), every
         lines = every.stdout.splitlines()
-        assert {line.split(" ", 1)[0] for line in lines} == {"[node-0]", "[node-1]"}, lines[:20]
+        assert {line.split(" ", 1)[0] for line in lines} <= {"[node-0]", "[node-1]"}, lines[:20]
         assert any(line.startswith('[node-0] {"event":"done"') for line in lines), lines[-20:]
-        one = run.logs("digits-cpu", "--rank", "1", "--tail", "5")
-        assert one.returncode == 0 and len(one.stdout.splitlines()) <= 5, one
+        assert lines[0].startswith("[node-0] "), lines[:5]
+        node0 = [line for line in lines if line.startswith("[node-0] ")]
+        last = run.logs("digits-cpu", "--rank", "0", "--tail", "3")
+        assert (last.returncode, last.stdout.splitlines()) == (0, node0[-3:]), last
+        one = run.logs("digits-cpu", "--rank", "1")
+        assert (one.returncode, one.stderr) == (0, ""), one
         assert all(line.startswith("[node-1] ") for line in one.stdout.splitlines()), one.stdout
         none = run.logs("digits-cpu", "--previous-attempt")
         assert none.returncode == 1 and "has no failed attempt" in none.stderr, none
