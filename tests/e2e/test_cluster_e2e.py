@@ -282,12 +282,14 @@ def restart_and_resume(run: Scenario) -> None:
 
 
 def check_previous_attempt(previous: subprocess.CompletedProcess[str]) -> None:
-    """Right after the gang restart, the failed attempt's rank 0 pod is either still being
-    deleted (its last lines, prefixed; node 1's pod is gone and said so) or already gone (said,
-    with what the operator recorded). Which one depends on how fast the restart went; both
-    are what a user should see."""
-    if previous.stdout:
-        assert all(line.startswith("[node-0] ") for line in previous.stdout.splitlines()), previous
-        assert "[node-1] no pod of attempt 0" in previous.stderr, previous
+    """Right after the gang restart the failed attempt's pods may still be terminating (their
+    last lines, prefixed; seen here: node 1's ends with the SIGTERM its deletion sent), or some
+    or all of them may be gone (said on stderr; all gone: with what the operator recorded).
+    Which one depends on how fast the restart went; each is what a user should see."""
+    lines = previous.stdout.splitlines()
+    assert all(line.startswith(("[node-0] ", "[node-1] ")) for line in lines), previous
+    assert len(lines) <= 2 * 50, "--previous-attempt shows the last 50 lines of each pod"
+    if previous.returncode == 0:
+        assert previous.stderr == "", previous
     else:
-        assert previous.returncode == 1 and " are gone " in previous.stderr, previous
+        assert " are gone " in previous.stderr or "no pod of attempt 0" in previous.stderr, previous
