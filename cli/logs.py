@@ -30,6 +30,7 @@ from kubetrain.api.models import TrainingJobStatus
 # CreateContainerConfigError, ...) needs someone to act and is reported instead.
 STARTING = frozenset({"ContainerCreating", "PodInitializing"})
 PREVIOUS_TAIL = 50  # lines of a failed attempt's pods shown when --tail is not given
+SETTLE_SECONDS = 30.0  # -f: how long a pod whose log stream closed may still be reported Running
 
 
 class LogsError(Exception):
@@ -169,6 +170,8 @@ def ended_line(now: NodePod | None, pod: NodePod) -> str:
         return naming.node_line(pod.rank, f"log ended: pod {pod.name} was deleted")
     if not now.started:
         return now.why_no_log()
+    if now.phase == "Running":
+        return naming.node_line(pod.rank, f"log stream closed: pod {pod.name} is still Running")
     return naming.node_line(pod.rank, f"log ended: pod {pod.name} is {now.phase}")
 
 
@@ -308,13 +311,25 @@ def _read(
         if current is not None and current.started:
             for line in cluster.stream(pod.name, tail):
                 send((out, naming.node_line(pod.rank, line)))
-            current = cluster.pod(pod.name)
+            current = _settled(cluster, pod, poll)
         send((err, ended_line(current, pod)))
     # Any error: a reader's failure must reach the user, not end its thread silently.
     except Exception as error:
         send((err, naming.node_line(pod.rank, f"reading the log of pod {pod.name} failed: {error}")))
     finally:
         send((None, ""))
+
+
+def _settled(cluster: Cluster, pod: NodePod, poll: float) -> NodePod | None:
+    """`pod` once its phase says how it ended. The log stream closes when the container exits,
+    a moment before the kubelet reports it (on a real node `-f` said "is Running" at the end of
+    every pod); a stream that closes for another reason is reported after SETTLE_SECONDS."""
+    current = cluster.pod(pod.name)
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while current is not None and current.phase == "Running" and time.monotonic() < deadline:
+        time.sleep(poll)
+        current = cluster.pod(pod.name)
+    return current
 
 
 def _started(cluster: Cluster, pod: NodePod, poll: float) -> NodePod | None:

@@ -117,14 +117,18 @@ def test_follow_waits_for_a_pod_that_starts_later_and_says_how_each_ended(job: J
     # ends at once; rank 1's reader must still be waiting for its pod to start.
     job.logs.write(late, "from rank 1")
     job.kubelet.run(job.namespace, late)
+    # A log stream ends when the container exits, a moment before its pod says so: `-f`
+    # waits for the phase that tells how it ended.
+    job.kubelet.succeed(job.namespace, "logs-node-0")
+    job.kubelet.fail(job.namespace, late, exit_code=3)
     reader.join(60)
     assert result, "kubetrain logs -f did not return after both streams ended"
     code, out, err = result[0]
     assert code == 0
     assert sorted(out.splitlines()) == ["[node-0] from rank 0", "[node-1] from rank 1"]
     assert sorted(err.splitlines()) == [
-        "[node-0] log ended: pod logs-node-0 is Running",
-        "[node-1] log ended: pod logs-node-1 is Running",
+        "[node-0] log ended: pod logs-node-0 is Succeeded",
+        "[node-1] log ended: pod logs-node-1 is Failed",
     ]
 
 

@@ -193,6 +193,7 @@ def test_ended_line() -> None:
     assert ended_line(NodePod("job-node-0", 0, 0, "Succeeded", True), started) == (
         "[node-0] log ended: pod job-node-0 is Succeeded"
     )
+    assert ended_line(started, started) == "[node-0] log stream closed: pod job-node-0 is still Running"
     blocked = NodePod("job-node-0", 0, 0, "Pending", False, "ErrImagePull", "not found")
     assert (
         ended_line(blocked, started) == "[node-0] pod job-node-0: container trainer is waiting: ErrImagePull: not found"

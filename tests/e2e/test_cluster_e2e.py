@@ -45,7 +45,7 @@ RELEASE = OPERATOR_NS = "kubetrain"
 JOB_NS = "e2e"
 TRAINER_IMAGE = "kubetrain/trainer:0.1.0-cpu"
 WAIT = "900s"  # per job: the machine is loaded, torch imports slowly
-RESTART_EPOCHS = 300  # ~25x the example's steps: time to delete a pod mid-training
+RESTART_EPOCHS = 100  # ~8x the example's steps (~4 min here): time to delete a pod mid-training
 KUBETRAIN = Path(sys.executable).with_name("kubetrain")
 PRIVILEGED = {
     "apiVersion": "v1",
