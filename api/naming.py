@@ -49,6 +49,11 @@ def pod_name(job: str, node_rank: int) -> str:
     return f"{job}{NODE_INFIX}{node_rank}"
 
 
+def node_line(node_rank: int, text: str) -> str:
+    """A line of node `node_rank`'s output, as `kubetrain run --local` and `kubetrain logs` show it."""
+    return f"[node-{node_rank}] {text}"
+
+
 def master_host(job: str, namespace: str, cluster_domain: str) -> str:
     """The FQDN of node 0; resolves before the pod is ready (publishNotReadyAddresses)."""
     return f"{pod_name(job, 0)}.{service_name(job)}.{namespace}.svc.{cluster_domain}"

@@ -4,6 +4,7 @@ must not pay for kopf, and nothing here may import torch."""
 from __future__ import annotations
 
 import enum
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -120,6 +121,50 @@ def plot(
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
     typer.echo(str(path))
+
+
+@app.command()
+def logs(
+    job: Annotated[str, typer.Argument(help="TrainingJob name.")],
+    namespace: Annotated[str, typer.Option("--namespace", "-n", help="Namespace of the job.")] = "default",
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream every node's log until its pod ends.")] = False,
+    rank: Annotated[int | None, typer.Option("--rank", min=0, help="Only this node's log.")] = None,
+    previous_attempt: Annotated[
+        bool,
+        typer.Option("--previous-attempt", help="The last failed attempt's logs, while its pods still exist."),
+    ] = False,
+    tail: Annotated[
+        int | None, typer.Option("--tail", min=0, help="Last N lines of each log (--previous-attempt: 50).")
+    ] = None,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(help="kubeconfig file (default: KUBECONFIG, else ~/.kube/config; in a pod its ServiceAccount)."),
+    ] = None,
+) -> None:
+    """Print every node's log of a TrainingJob's current attempt from the cluster.
+
+    Each line starts with its node (node-0, node-1, ...) as `kubetrain run --local` shows it.
+    Exit codes: 0 every asked-for node's log was read; 1 the job is missing, has no pods, or a
+    node has no log (its reason, e.g. ImagePullBackOff, is said on stderr).
+    """
+    from kubetrain.cli.logs import Cluster, LogsError, api_client, run_logs
+
+    try:
+        with api_client(kubeconfig) as api:
+            code = run_logs(
+                Cluster(api, namespace),
+                job,
+                rank=rank,
+                previous=previous_attempt,
+                follow=follow,
+                tail=tail,
+                out=sys.stdout,
+                err=sys.stderr,
+            )
+    except LogsError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
 
 
 @app.command("operator")

@@ -9,6 +9,7 @@ from typing import IO, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from kubetrain.api import naming
 from kubetrain.local.localize import LOCAL_REWRITES
 from kubetrain.local.plan import LocalPlan, NodeProcess
 from kubetrain.local.result import RunResult
@@ -92,7 +93,7 @@ class PlainView:
         self.notice(f"attempt {attempt}: {where}; rendezvous {nodes[0].env.get('MASTER_ADDR')}:{port}")
 
     def output(self, rank: int, stream: str, text: str) -> None:
-        self._print(f"[node-{rank}] {text}")
+        self._print(naming.node_line(rank, text))
 
     def record(self, record: dict[str, Any]) -> None:
         # The trainer logs every record as a human line on stderr too; printing it again

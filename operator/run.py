@@ -24,9 +24,14 @@ def run_operator(settings: OperatorSettings, log_level: str = "info") -> int:
         log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.PLAIN,
     )
     logging.getLogger().setLevel(level)
-    # kopf reports every handler call ("Handler 'pod_event' succeeded.") at INFO: one line
-    # per watch event. The operator logs its own transitions; kopf's go to DEBUG only.
-    logging.getLogger("kopf.objects").setLevel(max(level, logging.WARNING) if level > logging.DEBUG else level)
+    # Per-request chatter shows only at debug: kopf reports every handler call ("Handler
+    # 'pod_event' succeeded.") at INFO, one line per watch event (the operator logs its own
+    # transitions), and kopf's liveness endpoint is an aiohttp server that logs every request
+    # at INFO: on a real node the kubelet's probes filled the log with a line every few seconds
+    # and pushed the reconcile lines out of `kubectl logs --tail`.
+    chatter = level if level <= logging.DEBUG else max(level, logging.WARNING)
+    logging.getLogger("kopf.objects").setLevel(chatter)
+    logging.getLogger("aiohttp.access").setLevel(chatter)
     # The kubernetes client logs every request at DEBUG; kopf's own debug output is enough.
     logging.getLogger("urllib3").setLevel(max(level, logging.INFO))
     controller = Controller(settings, Kube(load_configuration(), settings.api_connections))

@@ -1,10 +1,10 @@
-"""tests/e2e/kind-e2e.sh run against stand-ins for docker, kind, kubectl and helm: kind cannot
-run here, but the script's own logic can (set -euo pipefail traps, the order of the steps, and
-that each check really fails the run when the cluster says otherwise)."""
+"""tests/e2e/kind-e2e.sh run against stand-ins for docker, kind, kubectl, helm and the Python
+that runs the scenario: kind cannot run here, but the script's own logic can (the order of
+its steps, the scenario run with the kind provider, the cluster deleted whatever happens, a
+failed scenario failing the run)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,123 +15,74 @@ from support.tools import ROOT
 
 SCRIPT = ROOT / "tests" / "e2e" / "kind-e2e.sh"
 
-# kubectl's answers: TrainingJob fields by (job, jsonpath), and pod logs.
-HEALTHY: dict[str, object] = {
-    "fields": {
-        "digits-cpu": {
-            ".status.phase": "Succeeded",
-            ".status.progress.percent": "100",
-            ".status.progress.step": "264",
-            ".status.progress.totalSteps": "264",
-            ".status.progress.loss": "0.08",
-            ".status.restarts": "0",
-        },
-        "digits-restart": {
-            ".status.phase": "Running",
-            ".status.restarts": "1",
-            ".status.attempt": "1",
-            ".status.failures[0].reason": "PodDeleted",
-            ".status.progress.percent": "100",
-        },
-    },
-    "logs": {
-        "digits-cpu-node-0": '{"event":"start","time":1.0,"step":0}\n{"event":"step","time":1.5,"step":5}\n',
-        "digits-restart-node-0": (
-            '{"event":"checkpoint","time":2.0,"step":40,"epoch":1}\n'
-            '{"event":"checkpoint","time":3.0,"step":80,"epoch":3}\n'
-            '{"event":"resume","time":9.0,"step":80,"epoch":3,"path":"/checkpoints/step-80"}\n'
-        ),
-    },
-}
-
-KUBECTL = r"""
-import json, re, sys
-state = json.load(open(sys.argv[1]))
-args = sys.argv[2:]
-with open(sys.argv[1] + ".calls", "a") as calls:
-    calls.write("kubectl " + " ".join(args) + "\n")
-if "get" in args and "trainingjob" in args:
-    job = args[args.index("trainingjob") + 1]
-    path = next(a for a in args if a.startswith("jsonpath="))[len("jsonpath={"):-1]
-    print(state["fields"].get(job, {}).get(path, ""), end="")
-elif "logs" in args:
-    pod = next(a for a in args if a in state["logs"])
-    print(state["logs"][pod], end="")
-elif args[:2] == ["create", "namespace"]:
-    print("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: e2e")
-elif "apply" in args:
-    sys.stdin.read()
-"""
-
+# Every stand-in appends its command line to one file, in call order. The Python stand-in
+# also records the provider the scenario would run on, and exits with $SCENARIO_EXIT; docker
+# exits with $DOCKER_INFO_EXIT for `docker info`.
 RECORDER = r"""
-import sys
-with open(sys.argv[1] + ".calls", "a") as calls:
-    calls.write(" ".join(sys.argv[2:]) + "\n")
+import os, sys
+tool, args = sys.argv[2], sys.argv[3:]
+with open(sys.argv[1], "a") as calls:
+    if tool == "python" and "pytest" in args:
+        calls.write(f"KUBETRAIN_E2E_PROVIDER={os.environ.get('KUBETRAIN_E2E_PROVIDER')} "
+                    f"KUBETRAIN_REQUIRE_CONTROL_PLANE={os.environ.get('KUBETRAIN_REQUIRE_CONTROL_PLANE')} ")
+    calls.write(" ".join([tool, *args]) + "\n")
+if tool == "python" and "pytest" in args:
+    sys.exit(int(os.environ.get("SCENARIO_EXIT", "0")))
+if tool == "docker" and args == ["info"]:
+    sys.exit(int(os.environ.get("DOCKER_INFO_EXIT", "0")))
 """
 
 
-def run_script(tmp_path: Path, state: dict[str, object]) -> subprocess.CompletedProcess[str]:
+def run_script(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    state_file = tmp_path / "state.json"
-    state_file.write_text(json.dumps(state))
-    (tmp_path / "kubectl.py").write_text(KUBECTL)
+    calls = tmp_path / "calls"
+    calls.touch()
     (tmp_path / "recorder.py").write_text(RECORDER)
-    for tool in ("docker", "kind", "helm"):
+    for tool in ("docker", "kind", "kubectl", "helm", "python"):
         stub = bin_dir / tool
-        stub.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{tmp_path}/recorder.py" "{state_file}" {tool} "$@"\n')
+        stub.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{tmp_path}/recorder.py" "{calls}" {tool} "$@"\n')
         stub.chmod(0o755)
-    stub = bin_dir / "kubectl"
-    stub.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{tmp_path}/kubectl.py" "{state_file}" "$@"\n')
-    stub.chmod(0o755)
-    # `sleep` stays real; the script sleeps 1-2 s per poll and these answers end every poll at once.
-    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "KIND_CLUSTER": "dry"}
-    return subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=120)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "KIND_CLUSTER": "dry",
+        "PYTHON": str(bin_dir / "python"),
+        **env,
+    }
+    result = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=120)
+    return result, calls.read_text().splitlines()
 
 
-def calls(tmp_path: Path) -> list[str]:
-    return (tmp_path / "state.json.calls").read_text().splitlines()
-
-
-def test_passes_when_the_cluster_behaves(tmp_path: Path) -> None:
-    result = run_script(tmp_path, HEALTHY)
+def test_builds_loads_and_runs_the_shared_scenario_on_kind(tmp_path: Path) -> None:
+    result, made = run_script(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "resumed at step 80 (checkpoint seen before the kill: step 80)" in result.stdout
-    made = calls(tmp_path)
-    first = {prefix: next(i for i, c in enumerate(made) if c.startswith(prefix)) for prefix in (
+    trainer = "docker build --target trainer --build-arg TRAINER_BASE=python:3.11-slim-bookworm"
+    steps = [
         "kind create cluster --name dry",
-        "docker build --target operator -t kubetrain/operator:0.1.0",
-        "docker build --target trainer --build-arg TRAINER_BASE=python:3.11-slim-bookworm -t kubetrain/trainer:0.1.0-c",
+        "kubectl config use-context kind-dry",
+        "docker build --target operator -t kubetrain/operator:0.1.0 .",
+        f"{trainer} -t kubetrain/trainer:0.1.0-cpu .",
         "kind load docker-image --name dry kubetrain/operator:0.1.0 kubetrain/trainer:0.1.0-cpu",
-        "helm upgrade --install kubetrain charts/kubetrain",
-        "kubectl -n e2e wait --for=condition=Succeeded trainingjob/digits-cpu",
-        "kubectl -n e2e delete pod digits-restart-node-1",
-        "kubectl -n e2e wait --for=condition=Succeeded trainingjob/digits-restart",
+        "KUBETRAIN_E2E_PROVIDER=kind KUBETRAIN_REQUIRE_CONTROL_PLANE=1 python -m pytest tests/e2e/test_cluster_e2e.py",
         "kind delete cluster --name dry",
-    )}  # fmt: skip
-    assert list(first.values()) == sorted(first.values()), first
+    ]
+    first = {step: next((i for i, call in enumerate(made) if call.startswith(step)), -1) for step in steps}
+    assert -1 not in first.values() and list(first.values()) == sorted(first.values()), (first, made)
+    # The scenario is the pytest file's, not a second copy in bash.
+    assert not [call for call in made if call.startswith(("helm", "kubectl apply", "kubectl wait"))], made
 
 
-@pytest.mark.parametrize(
-    ("job", "field", "value", "message"),
-    [
-        ("digits-cpu", ".status.progress.percent", "90", "status.progress.percent is '90'"),
-        ("digits-cpu", ".status.restarts", "1", "digits-cpu restarted without a failure"),
-        ("digits-restart", ".status.failures[0].reason", "Error", "expected PodDeleted"),
-        ("digits-restart", ".status.phase", "Succeeded", "finished before it could be interrupted"),
-    ],
-)
-def test_fails_when_the_cluster_does_not(tmp_path: Path, job: str, field: str, value: str, message: str) -> None:
-    state = json.loads(json.dumps(HEALTHY))
-    state["fields"][job][field] = value
-    result = run_script(tmp_path, state)
-    assert result.returncode != 0
-    assert message in result.stdout, result.stdout + result.stderr
+@pytest.mark.parametrize(("keep", "deleted"), [("0", True), ("1", False)])
+def test_a_failed_scenario_fails_the_run_and_the_cluster_goes(tmp_path: Path, keep: str, deleted: bool) -> None:
+    result, made = run_script(tmp_path, SCENARIO_EXIT="1", KEEP_CLUSTER=keep)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "PASS" not in result.stdout and "exit 1" in result.stdout, result.stdout
+    assert ("kind delete cluster --name dry" in made) is deleted, made
 
 
-def test_fails_without_a_resume_record(tmp_path: Path) -> None:
-    state = json.loads(json.dumps(HEALTHY))
-    state["logs"]["digits-restart-node-0"] = '{"event":"checkpoint","time":2.0,"step":40}\n'
-    result = run_script(tmp_path, state)
-    assert result.returncode != 0
-    assert "did not resume from the checkpoint at step 40" in result.stdout
+def test_no_docker_daemon_is_said_before_anything_is_made(tmp_path: Path) -> None:
+    result, made = run_script(tmp_path, DOCKER_INFO_EXIT="1")
+    assert result.returncode == 1
+    assert "FAIL: docker has no running daemon" in result.stdout, result.stdout
+    assert not [call for call in made if call.startswith(("kind", "docker build"))], made

@@ -1,6 +1,7 @@
-"""kind end-to-end: runs tests/e2e/kind-e2e.sh (a real cluster, both images, the chart, the CPU
-example to Succeeded and a gang restart that resumes). Needs docker with a running daemon,
-kind, kubectl and helm; skipped where any is missing, a failure with KUBETRAIN_REQUIRE_E2E=1."""
+"""kind end-to-end: runs tests/e2e/kind-e2e.sh (a kind cluster with both images, then the shared
+scenario tests/e2e/test_cluster_e2e.py on it: the chart, the CPU example to Succeeded, a gang
+restart that resumes, `kubetrain logs`). Needs docker with a running daemon, kind, kubectl and
+helm; skipped where any is missing, a failure with KUBETRAIN_REQUIRE_E2E=1."""
 
 from __future__ import annotations
 
@@ -40,7 +41,11 @@ def test_kind_end_to_end() -> None:
         if os.environ.get(REQUIRE_ENV) == "1":
             pytest.fail(f"{REQUIRE_ENV}=1 but {reason}", pytrace=False)
         pytest.skip(f"kind e2e needs docker and kind: {reason}")
-    env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        "PYTHON": sys.executable,  # the scenario runs with this interpreter's kubetrain and pytest
+    }
     # Output streams to the terminal (pytest -s) and the CI log; the script prints diagnostics on failure.
     result = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, timeout=45 * 60)
     assert result.returncode == 0, "tests/e2e/kind-e2e.sh failed; its diagnostics are above"
