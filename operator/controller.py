@@ -41,7 +41,19 @@ Index = Mapping[Any, Collection[Any]]  # kopf's index: (namespace, job) -> the i
 EXPECTATIONS_TIMEOUT_SECONDS = 60.0
 # Retries of a transiently refused creation (a missing ServiceAccount, a quota): 1 s doubling to 60 s.
 REFUSAL_BACKOFF_SECONDS = (1.0, 60.0)
-PHASES = ("Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+
+
+# kubectl apply's copy of the whole manifest: nothing here reads it.
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def _held(body: dict[str, Any]) -> dict[str, Any]:
+    """The job as the controller keeps it: without managedFields and kubectl's last-applied
+    copy, which together are larger than the spec and status the reconcile reads."""
+    meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
+    if LAST_APPLIED in (meta.get("annotations") or {}):
+        meta["annotations"] = {k: v for k, v in meta["annotations"].items() if k != LAST_APPLIED}
+    return {**body, "metadata": meta}
 
 
 def _rv(body: dict[str, Any]) -> int:
@@ -58,20 +70,21 @@ class Expectations:
     event of a pod it created must count it, and one that runs before a deletion finishes
     must treat the pod as terminating."""
 
-    creations: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    creations: dict[str, tuple[float, PodView]] = field(default_factory=dict)
     service: bool = False
     deletions: set[str] = field(default_factory=set)
 
     def created(self, pod: dict[str, Any]) -> None:
-        self.creations[pod["metadata"]["uid"]] = (time.monotonic(), pod)
+        view = PodView.from_pod(pod)
+        self.creations[view.uid] = (time.monotonic(), view)
 
-    def pods(self, indexed: Collection[dict[str, Any]]) -> list[PodView]:
-        """The indexed pods plus the created ones not indexed yet, as views."""
-        seen = {p["metadata"]["uid"]: p for p in indexed}
+    def pods(self, indexed: Collection[PodView]) -> list[PodView]:
+        """The indexed pods plus the created ones not indexed yet."""
+        seen = {p.uid: p for p in indexed}
         horizon = time.monotonic() - EXPECTATIONS_TIMEOUT_SECONDS
         for uid in [uid for uid, (at, _) in self.creations.items() if uid in seen or at < horizon]:
             del self.creations[uid]
-        views = [PodView.from_pod(p) for p in [*seen.values(), *(pod for _, pod in self.creations.values())]]
+        views = [*seen.values(), *(view for _, view in self.creations.values())]
         return [replace(p, terminating=True) if p.uid in self.deletions else p for p in views]
 
     def gone(self, uid: str) -> None:
@@ -88,6 +101,17 @@ class JobState:
     progress_read_at: float | None = None  # event-loop time of the last read of rank 0's log
     phase: str | None = None  # as last written, for the jobs-by-phase gauge
     refusals: int = 0  # creation passes refused in a row: the retry backoff's exponent
+
+
+def _count_phase(state: JobState, phase: str | None) -> None:
+    """Move the job between the jobs-by-phase gauge's series (None: out of all of them); a
+    count kept by steps, not a sum over every job on every reconcile."""
+    if phase != state.phase:
+        if state.phase is not None:
+            metrics.JOBS.labels(state.phase).dec()
+        if phase is not None:
+            metrics.JOBS.labels(phase).inc()
+        state.phase = phase
 
 
 class Controller:
@@ -114,17 +138,21 @@ class Controller:
     def _remember(self, body: dict[str, Any]) -> Key:
         """Keep the newest body; a job recreated under the same name starts a new state."""
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        body = _held(body)
         state = self.jobs.get(key)
         if state is None or state.body["metadata"].get("uid") != body["metadata"].get("uid"):
+            if state is not None:
+                _count_phase(state, None)
             self.jobs[key] = JobState(body)
         elif _rv(body) >= _rv(state.body):
             state.body = body
         return key
 
     def job_deleted(self, key: Key) -> None:
-        self.jobs.pop(key, None)
+        state = self.jobs.pop(key, None)
+        if state is not None:
+            _count_phase(state, None)
         self.queue.forget(key)
-        self._count_phases()
 
     def pod_changed(self, key: Key, gone_uid: str | None = None) -> None:
         state = self.jobs.get(key)
@@ -141,10 +169,6 @@ class Controller:
         if gone:
             state.expectations.service = False
         self.queue.add(key)
-
-    def _count_phases(self) -> None:
-        for phase in PHASES:
-            metrics.JOBS.labels(phase).set(sum(s.phase == phase for s in self.jobs.values()))
 
     # --- reconcile ----------------------------------------------------------------------
     async def reconcile(self, key: Key) -> float | None:
@@ -241,8 +265,7 @@ class Controller:
         if wire != (decided_wire if committed else previous_wire):
             await self._write_status(state, body, wire)
         await self._announce(key, body, status, events)
-        state.phase = status.phase or "Pending"
-        self._count_phases()
+        _count_phase(state, status.phase or "Pending")
         if decision.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished passed; deleting the job", namespace, name)
             await self.kube.delete_job(namespace, name, body["metadata"]["uid"])
@@ -261,7 +284,7 @@ class Controller:
         written = await self.kube.replace_status(body, status)
         if written is not None:
             if _rv(written) >= _rv(state.body):
-                state.body = written
+                state.body = _held(written)
             body["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"]
 
     async def _delete(self, state: JobState, namespace: str, pod: str, uid: str) -> None:

@@ -24,6 +24,7 @@ import kopf
 
 from kubetrain.api import naming
 from kubetrain.operator.controller import Controller
+from kubetrain.operator.pods import PodView
 
 CHILD_LABELS = {naming.LABEL_JOB: kopf.PRESENT}
 
@@ -72,8 +73,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -
 @kopf.index("", "v1", "pods", labels=CHILD_LABELS)
 async def pods_by_job(
     namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
-) -> dict[tuple[str | None, str], dict[str, Any]]:
-    return {(namespace, labels[naming.LABEL_JOB]): _to_dict(body)}
+) -> dict[tuple[str | None, str], PodView]:
+    # The index keeps what the function returns for as long as the pod exists: the view
+    # reconciling reads, not the pod (operator/pods.py).
+    return {(namespace, labels[naming.LABEL_JOB]): PodView.from_pod(body)}
 
 
 @kopf.index("", "v1", "services", labels=CHILD_LABELS)
