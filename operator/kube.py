@@ -31,6 +31,12 @@ COMPONENT = "kubetrain-operator"
 log = logging.getLogger("kubetrain.operator")
 
 
+# What a create answers with: the object's metadata only (the API server's
+# PartialObjectMetadata, as for `kubectl get -o name`). The controller reads the new pod's uid,
+# labels and creationTimestamp; the whole pod is ~5 KB of JSON decoded per created pod.
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+
+
 class ApiError(Exception):
     def __init__(self, status: int, body: bytes) -> None:
         self.status = status
@@ -133,8 +139,9 @@ class Kube:
         query: dict[str, str] | None = None,
         *,
         side: bool = False,
+        accept: str = "application/json",
     ) -> bytes:
-        headers = self._headers()
+        headers = {**self._headers(), "Accept": accept}
         data = None
         if body is not None:
             headers["Content-Type"] = "application/json"
@@ -180,12 +187,13 @@ class Kube:
 
     # --- children -----------------------------------------------------------------------
     async def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
-        """Create a Pod or Service; None if one of that name exists already. Raises `Refused` on 403/422."""
+        """Create a Pod or Service: the created object's metadata (as {"metadata": ...}), None if
+        one of that name exists already. Raises `Refused` on 403/422."""
         plural = obj["kind"].lower() + "s"
         API_WRITES.labels("create", plural).inc()
         try:
             path = _core(obj["metadata"]["namespace"], plural)
-            created: dict[str, Any] = json.loads(await self._request("POST", path, obj))
+            created: dict[str, Any] = json.loads(await self._request("POST", path, obj, accept=METADATA_ONLY))
         except ApiError as exc:
             if exc.status == 409:
                 return None
