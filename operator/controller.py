@@ -125,7 +125,7 @@ class Controller:
         self.jobs: dict[Key, JobState] = {}
         self.pods: Index = {}
         self.services: Index = {}
-        self.queue = WorkQueue(self.reconcile)
+        self.queue = WorkQueue(self.reconcile, settings.workers)
 
     # --- what the watches see -----------------------------------------------------------
     def watch(self, pods: Index, services: Index) -> None:
