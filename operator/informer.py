@@ -41,10 +41,6 @@ WATCH_SECONDS = 300.0
 RETRY_SECONDS = 1.0  # after a failed watch request (apiserver restarting, network)
 
 
-class Gone(Exception):
-    """The watch's resourceVersion is older than the server keeps (410): list again."""
-
-
 class Index(Mapping[Key, Collection[Any]]):
     """What the cache keeps of each child, by its job; a job without children is absent."""
 
@@ -98,7 +94,7 @@ class Informer:
         return f"/api/v1/{self.plural}" if scope is None else f"/api/v1/namespaces/{scope}/{self.plural}"
 
     async def list(self) -> None:
-        """Fill (or refill) the cache from every scope; waiters are told about every change."""
+        """Fill (or refill) the cache from every scope; the jobs are told of every change."""
         await asyncio.gather(*(self._list(scope) for scope in self.scopes))
 
     async def _list(self, scope: str | None) -> None:
@@ -113,7 +109,7 @@ class Informer:
             if not more:
                 break
             query = {**query, "continue": more}
-        # Every page of a paginated list is one snapshot: its resourceVersion is the first page's.
+        # The pages of a paginated list are one snapshot, each carrying its resourceVersion.
         self.versions[scope] = page["metadata"]["resourceVersion"]
         for uid in self.index.uids(scope) - listed:  # deleted while nobody watched
             key = self.index.drop(uid)
@@ -130,12 +126,17 @@ class Informer:
             try:
                 async for event in self.kube.watch(self._path(scope), query, WATCH_SECONDS):
                     self._event(scope, event)
-            except Gone:
-                log.info("the watch of %s expired; listing them again", self.plural)
-                await self._relist(scope)
-            except (ApiError, aiohttp.ClientError, TimeoutError, ValueError) as error:
-                log.warning("watching %s failed (%s); resuming in %.0f s", self.plural, error, RETRY_SECONDS)
-                await asyncio.sleep(RETRY_SECONDS)
+                continue  # the server ended the watch (its timeout): resume
+            except ApiError as error:
+                if error.status == 410:  # too old: as an HTTP status or as an ERROR event
+                    log.info("the watch of %s expired; listing them again", self.plural)
+                    await self._relist(scope)
+                    continue
+                failure: Exception = error
+            except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+                failure = error
+            log.warning("watching %s failed (%s); resuming in %.0f s", self.plural, failure, RETRY_SECONDS)
+            await asyncio.sleep(RETRY_SECONDS)
 
     async def _relist(self, scope: str | None) -> None:
         while True:
@@ -148,8 +149,6 @@ class Informer:
     def _event(self, scope: str | None, event: dict[str, Any]) -> None:
         kind, obj = event.get("type"), event.get("object") or {}
         if kind == "ERROR":
-            if obj.get("code") == 410:
-                raise Gone(obj.get("message", ""))
             raise ApiError(int(obj.get("code") or 500), json.dumps(obj).encode())
         self.versions[scope] = obj["metadata"]["resourceVersion"]
         if kind != "BOOKMARK":

@@ -135,10 +135,16 @@ def test_a_child_that_loses_its_job_label_is_gone() -> None:
     assert cached(informer.index) == {} and told[-1] == (("ns", "a"), "uid-a-0")
 
 
-def test_an_expired_watch_lists_again_and_notices_what_was_deleted_meanwhile() -> None:
-    gone = event("ERROR", {"kind": "Status", "code": 410, "message": "too old resource version: 1 (50)"})
+@pytest.mark.parametrize(
+    "gone",
+    [
+        [event("ERROR", {"kind": "Status", "code": 410, "message": "too old resource version: 1 (50)"})],
+        ApiError(410, b'{"message": "too old resource version: 1 (50)"}'),
+    ],
+)
+def test_an_expired_watch_lists_again_and_notices_what_was_deleted_meanwhile(gone: list[Event] | Exception) -> None:
     pages = [page([child("a-0", "a"), child("a-1", "a")], "1"), page([child("a-1", "a", rv="60")], "60")]
-    kube = FakeKube(pages, [[gone]])
+    kube = FakeKube(pages, [gone])
     informer, told = make(kube)
     run(informer, kube)
     assert cached(informer.index) == {("ns", "a"): ["a-1"]}
