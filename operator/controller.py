@@ -1,8 +1,8 @@
 """The controller: one cache object per job, and reconcile = observe -> decide -> apply.
 
-observe: the job's pods and Service from kopf's indices (filled from the initial listing
-before any handler runs, so a restarted operator never mistakes "not in my cache yet" for
-"missing"), overlaid with the job's expectations: what this controller created or deleted
+observe: the job's pods and Service from the informer's indices (operator/informer.py;
+listed before any TrainingJob is seen, so a restarted operator never mistakes "not in my
+cache yet" for "missing"), overlaid with the job's expectations: what this controller created or deleted
 whose watch events have not arrived yet (the name and the idea are kube-controller-manager's
 ControllerExpectations).
 decide: pure functions — `status.decide` (the gang), `progress` (rank 0's metrics) and
@@ -35,7 +35,7 @@ from kubetrain.operator.workqueue import Key, WorkQueue
 
 log = logging.getLogger("kubetrain.operator")
 LogSource = Callable[[str, str], Awaitable[str]]
-Index = Mapping[Any, Collection[Any]]  # kopf's index: (namespace, job) -> the indexed values
+Index = Mapping[Any, Collection[Any]]  # informer.Index: (namespace, job) -> what it keeps per child
 # How long a created pod counts as observed before its watch event arrives: past that the
 # pod was gone before it could be listed, and a watch event will never come.
 EXPECTATIONS_TIMEOUT_SECONDS = 60.0
@@ -129,7 +129,7 @@ class Controller:
 
     # --- what the watches see -----------------------------------------------------------
     def watch(self, pods: Index, services: Index) -> None:
-        """kopf's live indices of the children by (namespace, job)."""
+        """The informers' live indices of the children by (namespace, job): PodViews, Service names."""
         self.pods, self.services = pods, services
 
     def job_seen(self, body: dict[str, Any]) -> None:
