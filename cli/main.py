@@ -169,7 +169,10 @@ def operator_(
     workers: Annotated[
         int,
         typer.Option(
-            envvar="KUBETRAIN_WORKERS", min=1, max=256, help="Jobs reconciled at once; the others wait their turn."
+            envvar="KUBETRAIN_WORKERS",
+            min=1,
+            max=256,
+            help="Jobs creating their pods at once; the others wait their turn.",
         ),
     ] = 8,
     log_level: Annotated[

@@ -16,6 +16,7 @@ TrainingJob status holds everything that must survive a restart of the operator.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -125,7 +126,13 @@ class Controller:
         self.jobs: dict[Key, JobState] = {}
         self.pods: Index = {}
         self.services: Index = {}
-        self.queue = WorkQueue(self.reconcile, settings.workers)
+        self.queue = WorkQueue(self.reconcile)
+        # At most `workers` jobs create their children at once, served in arrival order (the
+        # semaphore is FIFO). 200 new jobs creating at once share the API server's throughput,
+        # so each gets its last pod near the end of the burst; a few at a time finish one
+        # after another at the same throughput. Only the creates are bounded: the status
+        # write and the Event after them need no turn.
+        self.creating = asyncio.Semaphore(settings.workers)
 
     # --- what the watches see -----------------------------------------------------------
     def watch(self, pods: Index, services: Index) -> None:
@@ -304,7 +311,8 @@ class Controller:
             render_pod(job, namespace, uid, rank, decision.status.attempt, self.settings.render)
             for rank in decision.create_ranks
         ]
-        results = await asyncio.gather(*(self.kube.create(obj) for obj in objects), return_exceptions=True)
+        async with self.creating if objects else contextlib.nullcontext():
+            results = await asyncio.gather(*(self.kube.create(obj) for obj in objects), return_exceptions=True)
         refusals: list[refusal.Refusal] = []
         errors: list[BaseException] = []
         for obj, result in zip(objects, results, strict=True):

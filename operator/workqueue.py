@@ -2,14 +2,9 @@
 
 A job must be reconciled when any of its pods changes; four pods created at once are four
 watch events but one reconcile, and two reconciles of one job never overlap (they would
-decide on the same view twice). Different jobs run concurrently, at most `workers` at a time
-(controller-runtime's MaxConcurrentReconciles), in the order they were queued. A reconcile
-returns when to look again (a deadline, the next progress read); one that raises is retried
-with capped exponential backoff, as client-go's rate-limited workqueue does.
-
-Why a bound: 200 new jobs all reconciling at once share the API server's throughput, so every
-job gets its last pod near the end of the burst (p50 ~ p99 ~ the whole burst). A few jobs at a
-time finish one after another: the same throughput, and the median job waits half as long.
+decide on the same view twice). Different jobs run concurrently. A reconcile returns when to
+look again (a deadline, the next progress read); one that raises is retried with capped
+exponential backoff, as client-go's rate-limited workqueue does.
 """
 
 from __future__ import annotations
@@ -28,9 +23,8 @@ Work = Callable[[Key], Awaitable[float | None]]
 class WorkQueue:
     """At most one reconcile per key at a time; triggers during a run cause one more run."""
 
-    def __init__(self, work: Work, workers: int) -> None:
+    def __init__(self, work: Work) -> None:
         self.work = work
-        self.workers = asyncio.Semaphore(workers)  # FIFO: waiters are served in arrival order
         self.running: set[Key] = set()
         self.dirty: set[Key] = set()
         self.timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
@@ -71,8 +65,7 @@ class WorkQueue:
             while True:
                 self.dirty.discard(key)
                 try:
-                    async with self.workers:
-                        requeue = await self.work(key)
+                    requeue = await self.work(key)
                     self.failures.pop(key, None)
                 except Exception:
                     metrics.RECONCILE_ERRORS.inc()

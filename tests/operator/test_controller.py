@@ -35,12 +35,15 @@ class FakeKube:
         self.events: list[tuple[str, str]] = []
         self.version = 1
         self.returns_managed_fields = False
+        self.gate = asyncio.Event()  # creates answer once it is set
+        self.gate.set()
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         name = obj["metadata"]["name"]
         if name in self.refuse:
             raise self.refuse[name]
         self.created.append(name)
+        await self.gate.wait()
         return {
             **obj,
             "metadata": {**obj["metadata"], "uid": f"uid-{name}", "creationTimestamp": "2026-01-01T12:00:00Z"},
@@ -125,6 +128,27 @@ def test_the_jobs_by_phase_gauge_follows_the_job_until_it_is_deleted() -> None:
     assert (jobs_in("Pending"), jobs_in("Failed")) == (pending, failed + 1)
     controller.job_deleted(KEY)
     assert (jobs_in("Pending"), jobs_in("Failed")) == (pending, failed)
+
+
+def test_at_most_workers_jobs_create_at_once_in_the_order_they_came() -> None:
+    kube = FakeKube()
+    controller = Controller(OperatorSettings(workers=2), kube)  # type: ignore[arg-type]
+    for name in "abcde":
+        body = valid_job(name)
+        body["metadata"].update(namespace="ns", uid=f"uid-{name}", resourceVersion="1")
+        controller.jobs[("ns", name)] = JobState(body)
+
+    async def scenario() -> None:
+        kube.gate.clear()
+        runs = [asyncio.create_task(controller.reconcile(("ns", name))) for name in "abcde"]
+        for _ in range(20):  # yield to the loop: every task had its turns (no clock involved)
+            await asyncio.sleep(0)
+        assert sorted(kube.created) == ["a", "a-node-0", "a-node-1", "b", "b-node-0", "b-node-1"]
+        kube.gate.set()
+        await asyncio.gather(*runs)
+
+    asyncio.run(scenario())
+    assert [name for name in kube.created if "-" not in name] == list("abcde")
 
 
 def test_a_transient_refusal_backs_off_and_recovers() -> None:

@@ -22,7 +22,7 @@ def test_burst_of_triggers_coalesces_into_one_more_run() -> None:
         return None
 
     async def scenario() -> None:
-        queue = WorkQueue(work, workers=8)
+        queue = WorkQueue(work)
         for _ in range(20):  # before the run starts: all folded into it
             queue.add(("ns", "a"))
         queue.add(("ns", "b"))
@@ -52,33 +52,10 @@ def test_requeue_after_and_failure_backoff() -> None:
                 raise RuntimeError("API down")
             return None
 
-        queue = WorkQueue(work, workers=8)
+        queue = WorkQueue(work)
         queue.add(("ns", "a"))
         while len(calls) < 3:
             await asyncio.sleep(0.01)
 
     asyncio.run(scenario())
     assert calls[1] >= 0.05 and calls[2] - calls[1] >= 0.5  # first retry after 0.5 s
-
-
-def test_at_most_workers_jobs_run_at_once_in_the_order_they_came() -> None:
-    started: list[Key] = []
-    gate = asyncio.Event()
-
-    async def work(key: Key) -> float | None:
-        started.append(key)
-        await gate.wait()
-        return None
-
-    async def scenario() -> None:
-        queue = WorkQueue(work, workers=2)
-        for job in "abcde":
-            queue.add(("ns", job))
-        for _ in range(10):  # yield to the loop: every task had its turns (no clock involved)
-            await asyncio.sleep(0)
-        assert started == [("ns", "a"), ("ns", "b")]
-        gate.set()
-        await asyncio.gather(*queue.tasks)
-
-    asyncio.run(scenario())
-    assert started == [("ns", job) for job in "abcde"]
