@@ -370,6 +370,25 @@ class RunPolicy(StrictModel):
     )
 
 
+GangMode = Literal["auto", "native", "coscheduling", "none"]
+
+
+class SchedulingSpec(StrictModel):
+    """How the gang is placed. Applies from the next attempt on (a pod's scheduling group is
+    immutable)."""
+
+    gang: GangMode = Field(
+        "auto",
+        description=(
+            "`native`: one scheduling.k8s.io/v1alpha2 PodGroup per attempt (gang policy, minCount = nodes) "
+            "so kube-scheduler binds all pods or none; the job fails if that API is not served. `coscheduling`: "
+            "the same with the scheduling.x-k8s.io/v1alpha1 PodGroup (minMember = nodes) of scheduler-plugins' "
+            "Coscheduling plugin. `none`: pods are scheduled one by one. `auto` (default): native when its API "
+            "is served and schedulerName is unset or default-scheduler, else none."
+        ),
+    )
+
+
 class TrainingJobSpec(StrictModel):
     """A gang of `nodes` pods, each running `gpusPerNode` processes under torchrun."""
 
@@ -464,6 +483,11 @@ class TrainingJobSpec(StrictModel):
     )
     run_policy: RunPolicy = Field(
         default_factory=RunPolicy, description="Restarts, deadlines and cleanup.", json_schema_extra={"default": {}}
+    )
+    scheduling: SchedulingSpec = Field(
+        default_factory=SchedulingSpec,
+        description="Gang scheduling of the pods (see the README's Scheduling and queues).",
+        json_schema_extra={"default": {}},
     )
     template: PodTemplate | None = Field(
         None,

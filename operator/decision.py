@@ -15,9 +15,23 @@ class Policy:
     """Operator-wide knobs that are not part of a job's spec."""
 
     stuck_timeout: timedelta = timedelta(minutes=5)
+    # The PodGroup API versions the cluster serves (operator/gang.py; the operator's
+    # discovery); None where no scheduler places the pods (the local runner).
+    group_apis: frozenset[str] | None = None
 
 
 DEFAULT_POLICY = Policy()
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Keep the job suspended although runPolicy.suspend is false: a queue (Kueue) has not
+    admitted it, or took its admission back. `reason`/`message` go to the Suspended condition;
+    `disruption`: a running attempt it stops counts in uncountedRestarts (a preemption)."""
+
+    reason: str
+    message: str
+    disruption: bool = False
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import aiohttp
 import kopf
 
 from kubetrain.api import naming
+from kubetrain.operator import kueue
 from kubetrain.operator.controller import Controller
 from kubetrain.operator.informer import Informer
 from kubetrain.operator.kube import ApiError
@@ -102,6 +103,14 @@ def _name(service: dict[str, Any]) -> str:
 
 def _service_changed(controller: Controller) -> Callable[[tuple[str, str], str | None], None]:
     return lambda key, gone_uid: controller.service_changed(key, gone=gone_uid is not None)
+
+
+# Kueue's Workloads of queued jobs (operator/kueue.py): an admission or eviction wakes the
+# job. Without Kueue's CRDs installed kopf serves nothing here and says so at startup.
+@kopf.on.event(kueue.GROUP, kueue.VERSION, "workloads", labels={naming.LABEL_MANAGED_BY: naming.MANAGED_BY})
+async def workload_event(namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
+    if naming.LABEL_JOB in labels:
+        _controller(memo).workload_changed((namespace or "", labels[naming.LABEL_JOB]))
 
 
 def _to_dict(body: Mapping[str, Any]) -> dict[str, Any]:

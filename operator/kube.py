@@ -25,6 +25,7 @@ import aiohttp
 from kubernetes import client, config
 
 from kubetrain.api import naming
+from kubetrain.operator import kueue
 from kubetrain.operator.metrics import API_WRITES
 
 COMPONENT = "kubetrain-operator"
@@ -76,9 +77,21 @@ def _core(namespace: str, plural: str, name: str = "") -> str:
     return f"/api/v1/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
 
 
+def _namespaced(api_version: str, namespace: str, plural: str) -> str:
+    """The collection path of a namespaced kind: core/v1 lives under /api, groups under /apis."""
+    if api_version == "v1":
+        return _core(namespace, plural)
+    return f"/apis/{api_version}/namespaces/{namespace}/{plural}"
+
+
 def _job_path(namespace: str, name: str, subresource: str = "") -> str:
     path = f"/apis/{naming.GROUP}/{naming.VERSION}/namespaces/{namespace}/{naming.PLURAL}/{name}"
     return path + (f"/{subresource}" if subresource else "")
+
+
+def _kueue_path(plural: str, name: str, namespace: str | None) -> str:
+    scope = f"/namespaces/{namespace}" if namespace else ""
+    return f"/apis/{kueue.API_VERSION}{scope}/{plural}" + (f"/{name}" if name else "")
 
 
 class Kube:
@@ -187,12 +200,12 @@ class Kube:
 
     # --- children -----------------------------------------------------------------------
     async def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
-        """Create a Pod or Service: the created object's metadata (as {"metadata": ...}), None if
-        one of that name exists already. Raises `Refused` on 403/422."""
+        """Create a Pod, Service or PodGroup: the created object's metadata (as {"metadata": ...}),
+        None if one of that name exists already. Raises `Refused` on 403/422."""
         plural = obj["kind"].lower() + "s"
         API_WRITES.labels("create", plural).inc()
         try:
-            path = _core(obj["metadata"]["namespace"], plural)
+            path = _namespaced(obj["apiVersion"], obj["metadata"]["namespace"], plural)
             created: dict[str, Any] = json.loads(await self._request("POST", path, obj, accept=METADATA_ONLY))
         except ApiError as exc:
             if exc.status == 409:
@@ -212,6 +225,26 @@ class Kube:
             # newer pod, which must live.
             if exc.status not in (404, 409):
                 raise
+
+    async def delete_collection(self, api_version: str, namespace: str, plural: str, selector: str) -> None:
+        """Delete what `selector` matches (nothing matching, or the API gone, is fine)."""
+        API_WRITES.labels("deletecollection", plural).inc()
+        try:
+            path = _namespaced(api_version, namespace, plural)
+            await self._request("DELETE", path, query={"labelSelector": selector})
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    async def serves(self, api_version: str, plural: str) -> bool:
+        """Discovery: whether the API server serves `plural` in `api_version` (group/version)."""
+        try:
+            found = json.loads(await self._request("GET", f"/apis/{api_version}", side=True))
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return any(r.get("name") == plural for r in found.get("resources") or [])
 
     # --- the TrainingJob ----------------------------------------------------------------
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -291,6 +324,48 @@ class Kube:
         except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
             # Events are for humans; the status already holds the transition.
             log.warning("event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], exc)
+
+    # --- Kueue (operator/kueue.py) --------------------------------------------------------
+    async def get_kueue(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        """A Workload (namespaced), ResourceFlavor or WorkloadPriorityClass; None if absent."""
+        try:
+            found: dict[str, Any] = json.loads(await self._request("GET", _kueue_path(plural, name, namespace)))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return found
+
+    async def create_workload(self, workload: dict[str, Any]) -> None:
+        """Create the job's Workload; an existing one (409) is fine. Raises `Refused` on 403/422."""
+        API_WRITES.labels("create", "workloads").inc()
+        try:
+            await self._request("POST", _kueue_path("workloads", "", workload["metadata"]["namespace"]), workload)
+        except ApiError as exc:
+            if exc.status in (403, 422):
+                raise Refused(exc.status, exc.message) from exc
+            if exc.status != 409:
+                raise
+
+    async def replace_workload_status(self, workload: dict[str, Any], status: dict[str, Any]) -> None:
+        """Write a Workload's whole status, conditional on the resourceVersion it was read at."""
+        await self._replace_workload(workload, {**workload, "status": status}, "/status")
+
+    async def replace_workload_spec(self, workload: dict[str, Any], spec: dict[str, Any]) -> None:
+        """Write a Workload's spec (spec.active), conditional on the resourceVersion it was read at."""
+        await self._replace_workload(workload, {**workload, "spec": spec}, "")
+
+    async def _replace_workload(self, workload: dict[str, Any], document: dict[str, Any], subresource: str) -> None:
+        meta = workload["metadata"]
+        API_WRITES.labels("update", "workloads" + subresource).inc()
+        path = _kueue_path("workloads", meta["name"], meta["namespace"]) + subresource
+        try:
+            await self._request("PUT", path, document, side=True)
+        except ApiError as exc:
+            # 409: Kueue changed it since it was read; that change's watch event reconciles
+            # the job again, from the newer Workload. 404: gone with its job.
+            if exc.status not in (404, 409):
+                raise
 
     async def read_log(self, namespace: str, pod: str, tail_lines: int) -> str:
         query = {"container": naming.CONTAINER_NAME, "tailLines": str(tail_lines)}

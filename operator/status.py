@@ -7,12 +7,13 @@ depends on which event woke the operator. Everything beyond the pods comes from 
 and `job.status` (hang detection and the late-crash rule read `status.progress`, which both
 callers fold from rank 0's records with `kubetrain.api.records.fold`).
 
-(A little over 400 lines only because the definitions below, which the README repeats, stand
-beside the stages that implement them.)
+(About 480 lines: one short stage per concern of the decision, and the definitions below, which
+the README repeats, stand beside the stages that implement them.)
 
 `decide` is a dispatcher over named stages, each returning the Decision once it decided:
-finished (cleanup, TTL) → suspend → resume → first problem → restart-or-fail → success →
-timeouts → stalled → converge (create what is missing, delete older attempts).
+finished (cleanup, TTL) → suspend → resume → gang mode (operator/gang.py) → first problem →
+restart-or-fail → success → timeouts → stalled → placement (PodsScheduled) → converge (create
+what is missing, delete older attempts).
 
 Definitions the README repeats:
   * Success: every node's pod of the current attempt exited 0 (phase Succeeded). A job
@@ -54,8 +55,9 @@ from kubetrain.api.models import (
     TrainingJob,
     TrainingJobStatus,
 )
+from kubetrain.operator import gang
 from kubetrain.operator.conditions import derive_phase, get_condition, is_true, set_condition
-from kubetrain.operator.decision import DEFAULT_POLICY, Decision, Event, Policy, StaleView
+from kubetrain.operator.decision import DEFAULT_POLICY, Decision, Event, Hold, Policy, StaleView
 from kubetrain.operator.failures import (
     FailureKind,
     completed,
@@ -71,6 +73,7 @@ from kubetrain.operator.pods import STUCK_REASONS, TERMINAL_PHASES, PodCondition
 __all__ = [
     "Decision",
     "Event",
+    "Hold",
     "PodView",
     "Policy",
     "StaleView",
@@ -147,13 +150,20 @@ def decide(
     service_exists: bool,
     now: datetime,
     policy: Policy = DEFAULT_POLICY,
+    hold: Hold | None = None,
 ) -> Decision:
+    """`hold`: a queue keeps the job suspended (operator/kueue.py)."""
     run = _observe(job, uid, pods, now, policy)
     if is_true(run.status, "Succeeded") or is_true(run.status, "Failed"):
         return _cleanup(run)
     if job.spec.run_policy.suspend:
         return _suspend(run)
+    if hold is not None:
+        return _suspend(run, hold)
     _resume(run)
+    unavailable = _choose_gang(run)
+    if unavailable is not None:
+        return _finish(run, False, "GangSchedulingUnavailable", unavailable)
     problem = _first_problem(run)
     if problem is not None:
         return _restart_or_fail(run, problem, service_exists)
@@ -165,22 +175,27 @@ def decide(
     stall = _stalled(run)
     if stall is not None:
         return _restart_or_fail(run, stall, service_exists)
+    _placement(run)
     return _converge(run, service_exists)
 
 
 # --- stages -----------------------------------------------------------------------------
 
 
-def _suspend(run: _Pass) -> Decision:
+def _suspend(run: _Pass, hold: Hold | None = None) -> Decision:
     status = run.status
-    if run.condition("Suspended", True, "Suspended", "runPolicy.suspend is true: the pods are deleted"):
-        run.decision.events.append(Event("Normal", "Suspended", "job suspended: pods deleted"))
+    hold = hold or Hold("Suspended", "runPolicy.suspend is true: the pods are deleted")
+    reason, message = hold.reason, hold.message
+    before = get_condition(run.previous, "Suspended")
+    if run.condition("Suspended", True, reason, message) or (before is not None and before.reason != reason):
+        run.decision.events.append(Event("Normal", "Suspended", f"job suspended: {message}"))
         run.condition("Running", False, "Suspended", "the job is suspended", only_if_present=True)
         run.condition("Restarting", False, "Suspended", "the job is suspended", only_if_present=True)
     if run.current:
         # The resumed gang is a fresh attempt; suspension is not a failure and does not
-        # count against maxRestarts.
+        # count against maxRestarts. A preemption is a disruption: counted, but not charged.
         status.attempt += 1
+        status.uncounted_restarts += hold.disruption
     # As for a batch/v1 Job, the deadline clock stops while suspended and restarts on resume.
     status.start_time = None
     status.replicas = ReplicaCounts()
@@ -192,8 +207,24 @@ def _suspend(run: _Pass) -> Decision:
 
 def _resume(run: _Pass) -> None:
     if is_true(run.status, "Suspended"):
-        run.condition("Suspended", False, "Resumed", "runPolicy.suspend is false: the gang is recreated")
+        run.condition("Suspended", False, "Resumed", "not suspended nor held by a queue: the gang is recreated")
         run.decision.events.append(Event("Normal", "Resumed", "job resumed"))
+
+
+def _choose_gang(run: _Pass) -> str | None:
+    """Before an attempt's first pod, record its gang mode (operator/gang.py) in the
+    GangScheduling condition; the message that fails the job when the mode cannot be had."""
+    served = run.policy.group_apis
+    if served is None or run.current:
+        return None
+    choice = gang.choose(run.job.spec, served)
+    if choice.mode is None:
+        return choice.message
+    grouped = choice.mode != "none"
+    # The condition says which mode every job got; only the gang's start is worth an Event.
+    if run.condition(gang.CONDITION, grouped, choice.reason, choice.message) and grouped:
+        run.decision.events.append(Event("Normal", gang.CONDITION, choice.message))
+    return None
 
 
 def _first_problem(run: _Pass) -> Problem | None:
@@ -300,6 +331,28 @@ def _timed_out(run: _Pass) -> tuple[str, str] | None:
             )
         run.decision.requeue((due - run.now).total_seconds())
     return None
+
+
+def _placement(run: _Pass) -> None:
+    """PodsScheduled=False (Unschedulable) with the scheduler's own message while a pod of the
+    attempt waits for a node (with a gang no pod binds until all fit, and nothing else would
+    say why); True again once every pod is bound."""
+    nodes = run.job.spec.nodes
+    waiting = sorted(
+        (p.rank or 0, p.name, c.message)
+        for p in run.current
+        if not p.scheduled
+        for c in p.conditions
+        if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+    )
+    if waiting:
+        _, pod, said = waiting[0]
+        message = f"pod {pod}: {said}"
+        if run.condition("PodsScheduled", False, "Unschedulable", message):
+            run.decision.events.append(Event("Warning", "Unschedulable", message))
+    elif len(_by_rank(run.current)) == nodes and all(p.scheduled for p in run.current):
+        message = f"all {nodes} pods of attempt {run.status.attempt} are bound to nodes"
+        run.condition("PodsScheduled", True, "AllPodsScheduled", message, only_if_present=True)
 
 
 def _stalled(run: _Pass) -> Problem | None:

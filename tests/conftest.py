@@ -81,17 +81,7 @@ def kube_api(control_plane: ControlPlane) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def crds_installed(control_plane: ControlPlane) -> ControlPlane:
     """crds/ applied and Established."""
-    control_plane.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-
-    # Not `kubectl wait`: it fails at once ("status.conditions accessor error") when it reads
-    # the CRD before the apiserver gave it any condition, which a large CRD makes likely; so
-    # does a jsonpath filter over the missing list (hence check=False).
-    def established() -> bool:
-        jsonpath = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
-        got = control_plane.kubectl("get", "-f", str(ROOT / "crds"), "-o", jsonpath, check=False)
-        return got.returncode == 0 and got.stdout.strip() == "True"
-
-    wait_for(established, 60, "the CRD Established")
+    controlplane.install_crds(control_plane, ROOT / "crds")
     return control_plane
 
 

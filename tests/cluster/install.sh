@@ -7,8 +7,17 @@
 # Training Operator, the peer of benchmarks/operator_latency.py --peer kubeflow (cold: a go1.23
 # toolchain download + ~2 min of build; cached: seconds).
 #
+# And, when run as root, what a real single node needs (tests/support/node.py): the Debian
+# packages containerd, runc, containernetworking-plugins, socat, iptables and gcc, a kubelet
+# built like the control plane, the pause sandbox binary and a CoreDNS with only the plugins the
+# node uses (no `forward`: nothing leaves the host). Cold, measured here at load ~13: packages
+# 20 s, kubelet 3.3 min on a warm Go cache (~1 min idle), CoreDNS 8 min (its client-go; ~3 min
+# idle); cached: under a second.
+#
 # Knobs: KUBETRAIN_K8S_BIN=<dir holding the four binaries> skips the Kubernetes build;
-#        KUBETRAIN_SKIP_HELM=1 skips helm; KUBETRAIN_SKIP_KUBEFLOW=1 skips the Kubeflow operator.
+#        KUBETRAIN_SKIP_HELM=1 skips helm; KUBETRAIN_SKIP_KUBEFLOW=1 skips the Kubeflow operator;
+#        KUBETRAIN_SKIP_KUEUE=1 skips Kueue;
+#        KUBETRAIN_SKIP_NODE=1 skips the real node's packages and binaries.
 # Prints the directories it filled, last line: "K8S_BIN=<dir>".
 set -euo pipefail
 
@@ -25,6 +34,13 @@ HELM_VERSION=v3.22.0
 # no replace directives, so `go install pkg@version` builds it as released, with a 1.23 compiler.
 KUBEFLOW_VERSION=v1.9.3
 KUBEFLOW_GO_TOOLCHAIN=go1.23.12
+# Kueue (sigs.k8s.io/kueue), run by the Kueue admission tests. v0.19.2's go.mod requires
+# k8s.io/* v0.36.2 (the API our apiserver serves), says "go 1.26.0" and has no replace directives,
+# so `go install pkg@version` builds it as released with the Kubernetes toolchain. The proxy
+# refuses some versions (v0.16.0, v0.18.0, v0.19.3, v0.20.x): pin one it serves.
+KUEUE_VERSION=v0.19.2
+# CoreDNS for the real node's cluster DNS (github.com/coredns/coredns, built with $GO_TOOLCHAIN).
+COREDNS_VERSION=v1.15.0
 # ----------------------------------------------------------------------------------------------
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -33,6 +49,12 @@ K8S_DIR=$CACHE/k8s-$K8S_VERSION
 HELM_DIR=$CACHE/helm-$HELM_VERSION
 KUBEFLOW_DIR=$CACHE/kubeflow-training-operator-$KUBEFLOW_VERSION
 KUBEFLOW_MODULE=github.com/kubeflow/training-operator
+KUEUE_DIR=$CACHE/kueue-$KUEUE_VERSION
+KUEUE_MODULE=sigs.k8s.io/kueue
+NODE_DIR=$CACHE/node-$K8S_VERSION
+COREDNS_DIR=$CACHE/coredns-$COREDNS_VERSION
+# Debian packages of the real node: its runtime, pod network, apiserver relay and firewall tools.
+NODE_PACKAGES=(containerd runc containernetworking-plugins socat iptables gcc libc6-dev)
 K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd)
 START=$SECONDS
 
@@ -55,6 +77,27 @@ go_env() {
   env GOTOOLCHAIN="$GO_TOOLCHAIN" CGO_ENABLED=0 GOFLAGS=-mod=mod "$@"
 }
 
+# Without these the binaries report v0.0.0-master, which kubectl and helm's kubeVersion checks
+# would see as the server version (and the kubelet would report to the Node object).
+k8s_ldflags() {
+  local minor=${K8S_VERSION#v1.} ldflags="-s -w" pkg
+  minor=${minor%%.*}
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.gitCommit="
+  done
+  echo "$ldflags"
+}
+
+# The wrapper module every k8s.io/kubernetes binary is built from (gowrapper/go.mod.in).
+k8s_wrapper_module() {
+  local src=$CACHE/build-k8s-$K8S_VERSION
+  mkdir -p "$src"
+  sed -e "s/@K8S_VERSION@/$K8S_VERSION/" -e "s/@STAGING_VERSION@/v0.${K8S_VERSION#v1.}/" \
+    "$HERE/gowrapper/go.mod.in" >"$src/go.mod"
+  echo "$src"
+}
+
 build_k8s() {
   if [ -n "${KUBETRAIN_K8S_BIN:-}" ]; then
     for b in "${K8S_BINARIES[@]}"; do
@@ -70,24 +113,13 @@ build_k8s() {
     log "kubernetes $K8S_VERSION cached in $K8S_DIR"
     return
   fi
-  local go staging src ldflags
+  local go src ldflags
   go=$(find_go)
-  staging=v0.${K8S_VERSION#v1.}
-  src=$CACHE/build-k8s-$K8S_VERSION
-  mkdir -p "$src" "$K8S_DIR"
-  sed -e "s/@K8S_VERSION@/$K8S_VERSION/" -e "s/@STAGING_VERSION@/$staging/" \
-    "$HERE/gowrapper/go.mod.in" >"$src/go.mod"
-  log "building ${K8S_BINARIES[*]} from k8s.io/kubernetes@$K8S_VERSION (staging $staging) with $GO_TOOLCHAIN"
+  src=$(k8s_wrapper_module)
+  mkdir -p "$K8S_DIR"
+  log "building ${K8S_BINARIES[*]} from k8s.io/kubernetes@$K8S_VERSION with $GO_TOOLCHAIN"
   log "cold: 11 CPU-minutes (~14 min on 2 busy cores) and ~3.5 GB of Go build cache; cached: seconds"
-  local minor=${K8S_VERSION#v1.}
-  minor=${minor%%.*}
-  # Without these the binaries report v0.0.0-master, which kubectl and helm's kubeVersion checks
-  # would see as the server version.
-  ldflags="-s -w"
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.gitCommit="
-  done
+  ldflags=$(k8s_ldflags)
   (
     cd "$src"
     go_env "$go" mod download k8s.io/kubernetes
@@ -150,10 +182,121 @@ build_kubeflow() {
   log "kubeflow training operator $KUBEFLOW_VERSION built into $KUBEFLOW_DIR"
 }
 
+# Fills $KUEUE_DIR with kueue (cmd/kueue, the controller-manager), crds/ (the module's
+# config/components/crd/bases: Workload, ClusterQueue, LocalQueue, ResourceFlavor, ...) and
+# webhooks.yaml (config/components/webhook/manifests.yaml, Kueue's webhook configurations).
+build_kueue() {
+  if [ "${KUBETRAIN_SKIP_KUEUE:-0}" = 1 ]; then
+    log "kueue skipped (KUBETRAIN_SKIP_KUEUE=1)"
+    return
+  fi
+  if [ -f "$KUEUE_DIR/.complete" ]; then
+    log "kueue $KUEUE_VERSION cached in $KUEUE_DIR"
+    return
+  fi
+  local go src
+  go=$(find_go)
+  log "building $KUEUE_MODULE@$KUEUE_VERSION with $GO_TOOLCHAIN (cold: 30 min measured at load average 14 on 2 cores)"
+  mkdir -p "$KUEUE_DIR/crds"
+  # Built inside the downloaded module, as its own main module with its own go.sum (what
+  # Kueue's Makefile does): `go install pkg@version` would also read the proxy's version list
+  # for deprecations, and the proxy refuses that list. The version ldflag is the Makefile's.
+  src=$(GOTOOLCHAIN=local GOFLAGS=-mod=mod "$go" mod download -json "$KUEUE_MODULE@$KUEUE_VERSION" |
+    sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  (
+    cd "$src"
+    GOTOOLCHAIN="$GO_TOOLCHAIN" CGO_ENABLED=0 GOFLAGS=-mod=readonly "$go" build -trimpath \
+      -ldflags "-s -w -X $KUEUE_MODULE/pkg/version.GitVersion=$KUEUE_VERSION" \
+      -o "$KUEUE_DIR/kueue" ./cmd/kueue
+  )
+  cp "$src"/config/components/crd/bases/*.yaml "$KUEUE_DIR/crds/"
+  cp "$src/config/components/webhook/manifests.yaml" "$KUEUE_DIR/webhooks.yaml"
+  chmod u+w "$KUEUE_DIR/crds/"* "$KUEUE_DIR/webhooks.yaml"
+  touch "$KUEUE_DIR/.complete"
+  log "kueue $KUEUE_VERSION built into $KUEUE_DIR"
+}
+
+# The node's Debian packages (installed as root: the node only ever runs as root).
+install_node_packages() {
+  local missing=() p
+  for p in "${NODE_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    log "node packages installed: ${NODE_PACKAGES[*]}"
+  else
+    log "installing ${missing[*]}"
+    apt-cache show "${missing[0]}" >/dev/null 2>&1 || apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
+      "${missing[@]}" >/dev/null
+  fi
+}
+
+# kubelet (same toolchain, wrapper module and version ldflags as the control plane, so it reports
+# $K8S_VERSION) and the pause binary every pod sandbox runs: k8s.io/kubernetes's own
+# build/pause/linux/pause.c, static, so that a FROM-scratch image holds it alone.
+build_node() {
+  if [ -f "$NODE_DIR/.complete" ]; then
+    log "kubelet and pause $K8S_VERSION cached in $NODE_DIR"
+    return
+  fi
+  local go src mod
+  go=$(find_go)
+  src=$(k8s_wrapper_module)
+  mkdir -p "$NODE_DIR"
+  log "building kubelet from k8s.io/kubernetes@$K8S_VERSION (warm Go cache: ~1 min, cold: ~5 min)"
+  (cd "$src" && go_env "$go" build -trimpath -ldflags "$(k8s_ldflags)" -o "$NODE_DIR/" k8s.io/kubernetes/cmd/kubelet)
+  mod=$(cd "$src" && go_env "$go" list -m -f '{{.Dir}}' k8s.io/kubernetes)
+  # The image tag the pause Makefile gives it; node.py tags the sandbox image with it.
+  sed -n 's/^TAG ?= *//p' "$mod/build/pause/Makefile" >"$NODE_DIR/pause.version"
+  gcc -Os -static -Wall -DVERSION="$(cat "$NODE_DIR/pause.version")" -o "$NODE_DIR/pause" \
+    "$mod/build/pause/linux/pause.c"
+  "$NODE_DIR/kubelet" --version
+  touch "$NODE_DIR/.complete"
+  log "kubelet and pause $(cat "$NODE_DIR/pause.version") built into $NODE_DIR"
+}
+
+# CoreDNS with only the plugins the node's Corefile uses (coredns/main.go lists them); without
+# `forward` no query can leave the host.
+build_coredns() {
+  if [ -f "$COREDNS_DIR/.complete" ]; then
+    log "coredns $COREDNS_VERSION cached in $COREDNS_DIR"
+    return
+  fi
+  local go src=$CACHE/build-coredns-$COREDNS_VERSION
+  go=$(find_go)
+  mkdir -p "$src" "$COREDNS_DIR"
+  cp "$HERE/coredns/main.go" "$src/"
+  printf 'module kubetrain.dev/coredns\n\ngo 1.26.0\n\nrequire github.com/coredns/coredns %s\n' \
+    "$COREDNS_VERSION" >"$src/go.mod"
+  log "building coredns $COREDNS_VERSION (cold: ~3 min)"
+  (cd "$src" && go_env "$go" build -trimpath \
+    -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" -o "$COREDNS_DIR/" .)
+  "$COREDNS_DIR/coredns" -version | sed -n 1p
+  touch "$COREDNS_DIR/.complete"
+  log "coredns $COREDNS_VERSION built into $COREDNS_DIR"
+}
+
 build_k8s
 build_helm
 build_kubeflow
+build_kueue
+if [ "${KUBETRAIN_SKIP_NODE:-0}" = 1 ]; then
+  log "real node skipped (KUBETRAIN_SKIP_NODE=1)"
+elif [ "$(id -u)" -ne 0 ]; then
+  # Its tests skip without root anyway (tests/support/node.py's missing()): no minutes of builds
+  # and no packages for them.
+  log "real node skipped: not root (it runs containerd and changes network and mounts)"
+else
+  NODE_START=$SECONDS
+  install_node_packages
+  build_node
+  build_coredns
+  log "real node ready in $((SECONDS - NODE_START)) s"
+  echo "NODE=$NODE_DIR COREDNS=$COREDNS_DIR"
+fi
 log "done in $((SECONDS - START)) s"
 echo "K8S_BIN=$K8S_BIN"
 [ "${KUBETRAIN_SKIP_HELM:-0}" = 1 ] || echo "HELM=$HELM_DIR/helm"
 [ "${KUBETRAIN_SKIP_KUBEFLOW:-0}" = 1 ] || echo "KUBEFLOW=$KUBEFLOW_DIR"
+[ "${KUBETRAIN_SKIP_KUEUE:-0}" = 1 ] || echo "KUEUE=$KUEUE_DIR"

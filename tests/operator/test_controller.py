@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 from support.jobs import valid_job
 
 from kubetrain.api.models import TrainingJob
+from kubetrain.operator import gang
 from kubetrain.operator.controller import LAST_APPLIED, Controller, JobState
 from kubetrain.operator.kube import ApiError, Refused
 from kubetrain.operator.pods import PodView
@@ -37,6 +38,17 @@ class FakeKube:
         self.returns_managed_fields = False
         self.gate = asyncio.Event()  # creates answer once it is set
         self.gate.set()
+        self.served: set[str] = set()  # the PodGroup API versions discovery finds
+        self.discoveries = 0
+        self.deleted_collections: list[str] = []
+
+    async def serves(self, api_version: str, plural: str) -> bool:
+        self.discoveries += 1
+        await asyncio.sleep(0)  # a real request yields to the other reconciles
+        return api_version in self.served
+
+    async def delete_collection(self, api_version: str, namespace: str, plural: str, selector: str) -> None:
+        self.deleted_collections.append(f"{plural}?{selector}")
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         name = obj["metadata"]["name"]
@@ -255,3 +267,91 @@ def test_a_fail_job_rule_is_counted_as_finished_by_its_reason() -> None:
     reconcile(controller)
     assert kube.statuses[-1]["phase"] == "Failed" and ("Warning", "FailurePolicy") in kube.events
     assert finished("FailurePolicy") == before + 1
+
+
+def test_a_native_gang_creates_its_podgroup_before_the_pods_that_join_it() -> None:
+    controller, kube = make()
+    kube.served = {"scheduling.k8s.io/v1alpha2"}
+    reconcile(controller)
+    assert kube.created == ["j-0", "j", "j-node-0", "j-node-1"]
+    assert kube.deleted_collections == ["podgroups?kubetrain.dev/job-uid=job-uid,kubetrain.dev/attempt!=0"]
+    pods = controller.jobs[KEY].expectations.creations.values()
+    assert [pod["spec"]["schedulingGroup"] for _, pod in pods] == [{"podGroupName": "j-0"}] * 2
+    assert kube.events == [("Normal", "GangScheduling"), ("Normal", "Created")]
+
+
+def test_a_refused_podgroup_creates_no_pod_of_the_gang() -> None:
+    controller, kube = make()
+    kube.served = {"scheduling.k8s.io/v1alpha2"}
+    forbidden = 'podgroups.scheduling.k8s.io is forbidden: User "op" cannot create resource "podgroups"'
+    kube.refuse = {"j-0": Refused(403, forbidden)}
+    assert reconcile(controller) == 1
+    assert kube.created == [] and blocked(kube) == ("True", "OperatorForbidden")
+
+
+def test_discovery_is_asked_once_for_a_burst_of_jobs() -> None:
+    controller, kube = make()
+    for name in ("k", "l"):
+        body = valid_job(name)
+        body["metadata"].update(namespace="ns", uid=f"{name}-uid", resourceVersion="1", generation=1)
+        controller.jobs[("ns", name)] = JobState(body)
+
+    async def burst() -> None:
+        await asyncio.gather(*(controller.reconcile(key) for key in list(controller.jobs)))
+
+    asyncio.run(burst())
+    assert kube.discoveries == len(gang.APIS) and len(kube.statuses) == 3  # one per PodGroup API
+
+
+def test_a_coscheduling_gang_labels_its_pods_with_the_scheduler_plugins_podgroup() -> None:
+    controller, kube = make(scheduling={"gang": "coscheduling"}, schedulerName="scheduler-plugins-scheduler")
+    kube.served = {"scheduling.x-k8s.io/v1alpha1"}
+    reconcile(controller)
+    assert kube.created == ["j-0", "j", "j-node-0", "j-node-1"]
+    pods = [pod for _, pod in controller.jobs[KEY].expectations.creations.values()]
+    assert [pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] for pod in pods] == ["j-0"] * 2
+    assert all("schedulingGroup" not in pod["spec"] for pod in pods)
+
+
+class FakeKueue(FakeKube):
+    """FakeKube plus Kueue's objects: `objects` maps (plural, name) to what a GET returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.objects: dict[tuple[str, str], dict[str, Any] | Exception] = {}
+        self.pods: dict[str, dict[str, Any]] = {}
+
+    async def get_kueue(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        found = self.objects.get((plural, name))
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    async def create_workload(self, workload: dict[str, Any]) -> None:
+        self.created.append(workload["metadata"]["name"])
+        self.objects[("workloads", workload["metadata"]["name"])] = workload
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.pods[obj["metadata"]["name"]] = obj
+        return await super().create(obj)
+
+
+def test_a_queued_job_waits_for_its_workload_and_starts_only_on_a_readable_flavor() -> None:
+    controller, _ = make()
+    kube = FakeKueue()
+    controller.kube = kube  # type: ignore[assignment]
+    controller.jobs[KEY].body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team"}
+    reconcile(controller)
+    assert kube.created == ["trainingjob-j"] and kube.statuses[-1]["phase"] == "Suspended"
+    workload = kube.objects[("workloads", "trainingjob-j")]
+    assert isinstance(workload, dict)
+    admitted = {"type": "Admitted", "status": "True", "reason": "Admitted", "message": ""}
+    assignment = {"name": "nodes", "flavors": {"cpu": "pool-a"}}
+    workload["status"] = {"conditions": [admitted], "admission": {"podSetAssignments": [assignment]}}
+    kube.objects[("resourceflavors", "pool-a")] = ApiError(403, b'{"message": "cannot get resourceflavors"}')
+    assert reconcile(controller) == 1  # retried with backoff, nothing started off its flavor
+    assert kube.created == ["trainingjob-j"] and blocked(kube) == ("True", "ResourceFlavorUnreadable")
+    kube.objects[("resourceflavors", "pool-a")] = {"spec": {"nodeLabels": {"pool": "a"}}}
+    reconcile(controller)
+    assert kube.created == ["trainingjob-j", "j", "j-node-0", "j-node-1"]
+    assert [kube.pods[f"j-node-{r}"]["spec"]["nodeSelector"] for r in (0, 1)] == [{"pool": "a"}] * 2

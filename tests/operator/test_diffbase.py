@@ -14,7 +14,8 @@ def test_no_handler_needs_a_diff_base() -> None:
     registry = kopf.get_default_registry()  # importing handlers registered them here
     assert list(registry._changing.get_all_handlers()) == []
     assert list(registry._spawning.get_all_handlers()) == []
-    assert len(list(registry._watching.get_all_handlers())) == 1  # TrainingJobs (children: informer.py)
+    watching = sorted(h.id for h in registry._watching.get_all_handlers())
+    assert watching == ["trainingjob_event", "workload_event"]  # pods and Services: informer.py
 
 
 def test_the_essence_is_empty_whatever_the_body() -> None:

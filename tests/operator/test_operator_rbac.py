@@ -7,39 +7,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
-from support.controlplane import ControlPlane, find_tool, service_account_kubeconfig
+from support.controlplane import ControlPlane
 from support.kubelet import FakeKubelet
 from support.objects import Cluster, has_condition
 from support.operator_process import OperatorProcess
+from support.tools import chart_identity, rbac_refusals
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
-
-CHART = Path(__file__).resolve().parents[2] / "charts" / "kubetrain"
-RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
 
 
 def test_cluster_mode_as_the_charts_service_account(
     crds_installed: ControlPlane, cluster: Cluster, kubelet: FakeKubelet, tmp_path: Path
 ) -> None:
-    cp = crds_installed
-    if find_tool("helm") is None:
-        pytest.skip("helm not installed (tests/cluster/install.sh)")
-    release_ns = cluster.namespace
-    rendered = cp.helm("template", "rbac", str(CHART), "--namespace", release_ns).stdout
-    docs = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in RBAC_KINDS]
-    assert sorted(d["kind"] for d in docs) == sorted(RBAC_KINDS)
-    for doc in docs:
-        if doc["kind"] == "ClusterRole":
-            # Unique per test: the control plane outlives this test's namespace.
-            doc["metadata"]["name"] += "-" + release_ns
-        if doc["kind"] == "ClusterRoleBinding":
-            doc["metadata"]["name"] += "-" + release_ns
-            doc["roleRef"]["name"] += "-" + release_ns
-    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
-    account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
-    kubeconfig = service_account_kubeconfig(cp, release_ns, account, tmp_path / "sa.kubeconfig")
+    kubeconfig = chart_identity(crds_installed, cluster.namespace, tmp_path / "sa.kubeconfig")
 
     proc = OperatorProcess(kubeconfig, tmp_path / "operator.log", namespaces="", log_level="debug").start()
     try:
@@ -60,8 +41,6 @@ def test_cluster_mode_as_the_charts_service_account(
     finally:
         proc.stop()
     log = proc.log()
-    # An authorization refusal reads 'is forbidden: User "..." cannot <verb> resource ...'.
-    # (Other 403s, such as jobs left in namespaces being deleted by earlier tests, are not RBAC.)
-    refused = [line for line in log.splitlines() if "forbidden: User" in line or "cannot list" in line]
+    refused = rbac_refusals(log)
     assert not refused, "\n".join(refused)
     assert "Traceback" not in log, log[-3000:]

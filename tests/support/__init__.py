@@ -1,6 +1,8 @@
 """Everything the tests share, importable as `support.<module>` (tests/ is on sys.path through
 tests/conftest.py): the control plane and its tools, the fake and process kubelets, the operator
 process, readers/writers of a namespace's objects, local-run helpers, one TrainingJob builder
-(`jobs`), one PodView builder (`pods`) and one `wait_for` (`waiting`).
+(`jobs`), one PodView builder (`pods`), one `wait_for` (`waiting`), and the real node (`node`,
+with its configuration `nodeconfig`, host-state check `hoststate`, `ociimage` archives,
+`dnsquery` and the node tests' pods `nodepods`).
 
-tests/cluster/ holds only what builds the control plane's binaries (install.sh, gowrapper/)."""
+tests/cluster/ holds only what builds the binaries (install.sh, gowrapper/, coredns/)."""

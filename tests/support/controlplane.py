@@ -28,6 +28,8 @@ from typing import Any
 
 import yaml
 
+from support.waiting import wait_for
+
 HERE = Path(__file__).resolve().parent
 INSTALL_SH = HERE.parent / "cluster" / "install.sh"
 BIN_ENV = "KUBETRAIN_K8S_BIN"
@@ -293,6 +295,9 @@ class ControlPlane:
                 proc.kill()
                 proc.wait(timeout=grace)
         self.processes.clear()
+        # etcd preallocates a 64 MB WAL: a session's worth of stopped control planes filled /tmp
+        # by gigabytes. The logs and certificates stay for a post-mortem.
+        shutil.rmtree(self.workdir / "etcd", ignore_errors=True)
 
 
 def _readyz(server: str, pki: Path) -> Callable[[], bool]:
@@ -466,3 +471,19 @@ def running(**kwargs: Any) -> Iterator[ControlPlane]:
         yield cp
     finally:
         cp.stop()
+
+
+def install_crds(cp: ControlPlane, crds: Path) -> ControlPlane:
+    """Apply the CRD in `crds` (a file or folder of one) and wait until it is Established."""
+    cp.kubectl("apply", "--server-side", "-f", str(crds))
+
+    # Not `kubectl wait`: it fails at once ("status.conditions accessor error") when it reads
+    # the CRD before the apiserver gave it any condition, which a large CRD makes likely; so
+    # does a jsonpath filter over the missing list (hence check=False).
+    def established() -> bool:
+        jsonpath = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
+        got = cp.kubectl("get", "-f", str(crds), "-o", jsonpath, check=False)
+        return got.returncode == 0 and got.stdout.strip() == "True"
+
+    wait_for(established, 60, "the CRD Established")
+    return cp

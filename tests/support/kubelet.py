@@ -42,6 +42,15 @@ def _condition(kind: str, status: str, reason: str = "", message: str = "") -> d
     return cond
 
 
+def schedulable_node(core: Any, name: str, *, cpu: str, gpus: int = 0) -> None:
+    """A Ready Node with `cpu` and `gpus` allocatable for a real kube-scheduler to bind pods to
+    (nothing runs them: FakeKubelet writes their status). The API server taints a new Node
+    not-ready; the node-lifecycle controller, not run here, would lift that."""
+    core.create_node(node_manifest(name, cpu=cpu, gpus=gpus))
+    core.patch_node_status(name, {"status": {"conditions": [_condition("Ready", "True", "KubeletReady")]}})
+    core.patch_node(name, {"spec": {"taints": None}})
+
+
 class FakeKubelet:
     """Writes the status a kubelet on node `node_name` would write. Every method patches
     through the real API server, so its validation of status updates applies (a pod in a

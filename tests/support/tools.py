@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from support.controlplane import find_tool
+from support.controlplane import ControlPlane, find_tool, service_account_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kubetrain"
@@ -33,9 +33,15 @@ NAMESPACED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("", "pods/log", ("get",)),
     ("", "services", ("list", "watch", "create")),
     ("", "events", ("create",)),
+    ("scheduling.k8s.io", "podgroups", ("create", "deletecollection")),
+    ("scheduling.x-k8s.io", "podgroups", ("create", "deletecollection")),
+    ("kueue.x-k8s.io", "workloads", ("get", "list", "watch", "create", "update")),
+    ("kueue.x-k8s.io", "workloads/status", ("update",)),
 ]
 CLUSTER_ONLY_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
+    ("kueue.x-k8s.io", "resourceflavors", ("get",)),
+    ("kueue.x-k8s.io", "workloadpriorityclasses", ("get",)),
 ]
 
 
@@ -96,3 +102,29 @@ def which(name: str) -> str | None:
     if os.access(candidate, os.X_OK):
         return str(candidate)
     return shutil.which(name)
+
+
+def chart_identity(cp: ControlPlane, namespace: str, kubeconfig: Path) -> Path:
+    """The chart's ServiceAccount and cluster-mode ClusterRole(Binding) applied with `namespace`
+    as the release namespace (cluster-scoped names suffixed with it: the control plane outlives
+    the test), and `kubeconfig` written with that account's token."""
+    if find_tool("helm") is None:
+        missing_tool("helm not installed (tests/cluster/install.sh)")
+    rendered = cp.helm("template", "rbac", str(CHART), "--namespace", namespace).stdout
+    kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+    docs = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in kinds]
+    assert sorted(d["kind"] for d in docs) == sorted(kinds)
+    for doc in docs:
+        if doc["kind"] != "ServiceAccount":
+            doc["metadata"]["name"] += "-" + namespace
+        if doc["kind"] == "ClusterRoleBinding":
+            doc["roleRef"]["name"] += "-" + namespace
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
+    return service_account_kubeconfig(cp, namespace, account, kubeconfig)
+
+
+def rbac_refusals(log: str) -> list[str]:
+    """An authorization refusal reads 'is forbidden: User "..." cannot <verb> resource ...'.
+    (Other 403s, such as jobs left in namespaces being deleted by earlier tests, are not RBAC.)"""
+    return [line for line in log.splitlines() if "forbidden: User" in line or "cannot list" in line]

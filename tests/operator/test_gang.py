@@ -1,0 +1,199 @@
+"""spec.scheduling.gang: the mode each job gets (operator/gang.py), the PodGroup it renders, and
+how decide() records the choice and the scheduler's Unschedulable message."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from support.jobs import job_model
+from support.pods import JOB_UID as UID
+from support.pods import T0, pod_view
+
+from kubetrain.api.models import TrainingJob, TrainingJobStatus
+from kubetrain.operator import gang
+from kubetrain.operator.render import owner_reference
+from kubetrain.operator.status import Decision, Policy, decide, get_condition
+
+NATIVE, NONE = "native", "none"
+
+
+SERVED = frozenset({"scheduling.k8s.io/v1alpha2"})
+COSCHEDULING = frozenset({"scheduling.x-k8s.io/v1alpha1"})
+NOTHING: frozenset[str] = frozenset()
+PLUGINS = "scheduler-plugins-scheduler"
+
+
+@pytest.mark.parametrize(
+    ("asked", "scheduler", "served", "mode", "reason"),
+    [
+        ("auto", None, SERVED, NATIVE, "PodGroup"),
+        ("auto", "default-scheduler", SERVED, NATIVE, "PodGroup"),
+        ("auto", "volcano", SERVED, NONE, "OtherScheduler"),
+        ("auto", None, NOTHING, NONE, "NotServed"),
+        ("auto", PLUGINS, COSCHEDULING, NONE, "NotServed"),  # coscheduling only when asked for
+        ("native", None, SERVED, NATIVE, "PodGroup"),
+        ("native", "volcano", SERVED, NATIVE, "PodGroup"),  # asked for explicitly: the user's call
+        ("native", None, COSCHEDULING, None, "GangSchedulingUnavailable"),
+        ("coscheduling", PLUGINS, COSCHEDULING, "coscheduling", "Coscheduling"),
+        ("coscheduling", None, SERVED | COSCHEDULING, "coscheduling", "Coscheduling"),
+        ("coscheduling", PLUGINS, SERVED, None, "GangSchedulingUnavailable"),
+        ("none", None, SERVED, NONE, "Disabled"),
+        ("none", None, NOTHING, NONE, "Disabled"),
+    ],
+)
+def test_choose(asked: str, scheduler: str | None, served: frozenset[str], mode: str | None, reason: str) -> None:
+    spec = job_model("j", scheduling={"gang": asked}, schedulerName=scheduler).spec
+    choice = gang.choose(spec, served)
+    assert (choice.mode, choice.reason) == (mode, reason)
+
+
+def test_the_missing_api_is_named_with_its_feature_gates() -> None:
+    message = gang.choose(job_model("j", scheduling={"gang": "native"}).spec, NOTHING).message
+    assert "scheduling.k8s.io/v1alpha2 PodGroup is not served" in message
+    assert "--runtime-config=scheduling.k8s.io/v1alpha2=true" in message
+    assert "GenericWorkload=true,GangScheduling=true" in message
+
+
+def test_the_default_is_auto() -> None:
+    assert job_model("j").spec.scheduling.gang == "auto"
+
+
+def test_render_podgroup() -> None:
+    job = job_model("j", nodes=4)
+    assert gang.render_podgroup(job, "ns", UID, 3, "native") == {
+        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "kind": "PodGroup",
+        "metadata": {
+            "name": "j-3",
+            "namespace": "ns",
+            "labels": {
+                "kubetrain.dev/job-name": "j",
+                "kubetrain.dev/job-uid": UID,
+                "kubetrain.dev/attempt": "3",
+                "app.kubernetes.io/managed-by": "kubetrain-operator",
+            },
+            "ownerReferences": [owner_reference(job, UID)],  # test_render.py reads this one
+        },
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 4}}, "disruptionMode": "PodGroup"},
+    }
+    assert gang.stale_selector(UID, 3) == f"kubetrain.dev/job-uid={UID},kubetrain.dev/attempt!=3"
+
+
+def test_render_coscheduling_podgroup() -> None:
+    group = gang.render_podgroup(job_model("j", nodes=4), "ns", UID, 0, "coscheduling")
+    assert (group["apiVersion"], group["metadata"]["name"], group["spec"]) == (
+        "scheduling.x-k8s.io/v1alpha1",
+        "j-0",
+        {"minMember": 4},
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "mode"),
+    [
+        ("True", "PodGroup", NATIVE),
+        ("True", "Coscheduling", "coscheduling"),
+        ("False", "NotServed", NONE),
+        ("True", "SomeFutureKind", NONE),
+    ],
+)
+def test_the_condition_names_the_attempts_mode(status: str, reason: str, mode: str) -> None:
+    assert gang.attempt_mode(status, reason) == mode
+
+
+def test_join_leaves_the_rendered_pod_untouched() -> None:
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": []}}
+    joined = gang.join(pod, "j-0", "native")
+    assert joined["spec"] == {"containers": [], "schedulingGroup": {"podGroupName": "j-0"}}
+    labelled = gang.join(pod, "j-0", "coscheduling")
+    assert labelled["metadata"] == {"name": "p", "labels": {"scheduling.x-k8s.io/pod-group": "j-0"}}
+    assert labelled["spec"] == {"containers": []}
+    assert pod == {"metadata": {"name": "p"}, "spec": {"containers": []}}
+
+
+def make_job(**spec: Any) -> TrainingJob:
+    spec.setdefault("nodes", 2)
+    job = job_model("j", **spec)
+    job.metadata.uid, job.metadata.generation = UID, 1
+    return job
+
+
+def step(job: TrainingJob, served: frozenset[str] | None, pods: list[Any] | None = None) -> Decision:
+    return decide(job, UID, pods or [], True, T0, Policy(group_apis=served))
+
+
+def advance(job: TrainingJob, decision: Decision) -> TrainingJob:
+    return job.model_copy(update={"status": TrainingJobStatus.model_validate(decision.status.wire())})
+
+
+def cond(decision: Decision, kind: str) -> tuple[str, str] | None:
+    c = get_condition(decision.status, kind)
+    return None if c is None else (c.status, c.reason)
+
+
+def test_a_new_attempt_records_its_mode_and_the_gang_announces_itself() -> None:
+    d = step(make_job(), SERVED)
+    assert cond(d, gang.CONDITION) == ("True", "PodGroup") and d.create_ranks == [0, 1]
+    assert [e.reason for e in d.events] == [gang.CONDITION, "Created"]
+    fallback = step(make_job(), NOTHING)
+    assert cond(fallback, gang.CONDITION) == ("False", "NotServed") and fallback.create_ranks == [0, 1]
+    assert [e.reason for e in fallback.events] == ["Created"]  # the condition says it; no Event
+
+
+def test_the_mode_is_kept_while_the_attempt_has_pods() -> None:
+    job = advance(make_job(), step(make_job(), SERVED))
+    pods = [pod_view(job, r) for r in range(2)]
+    # Discovery changed its answer mid-attempt: the pods already joined their PodGroup.
+    assert cond(step(job, NOTHING, pods), gang.CONDITION) == ("True", "PodGroup")
+
+
+def test_the_local_runner_has_no_scheduler_to_ask() -> None:
+    assert cond(step(make_job(), None), gang.CONDITION) is None
+
+
+def test_native_where_the_api_is_not_served_fails_the_job_before_any_pod() -> None:
+    d = step(make_job(scheduling={"gang": "native"}), NOTHING)
+    assert cond(d, "Failed") == ("True", "GangSchedulingUnavailable") and d.create_ranks == []
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", "GangSchedulingUnavailable")]
+
+
+UNSCHEDULABLE = {
+    "type": "PodScheduled",
+    "status": "False",
+    "reason": "Unschedulable",
+    "message": "0/3 nodes are available: 3 Insufficient cpu.",
+}
+
+
+def test_unschedulable_pods_are_explained_with_the_schedulers_message() -> None:
+    job = advance(make_job(), step(make_job(), SERVED))
+    waiting = [pod_view(job, r, conditions=[UNSCHEDULABLE]) for r in range(2)]
+    d = step(job, SERVED, waiting)
+    condition = get_condition(d.status, "PodsScheduled")
+    assert condition is not None and (condition.status, condition.reason) == ("False", "Unschedulable")
+    assert condition.message == "pod j-node-0: 0/3 nodes are available: 3 Insufficient cpu."
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", "Unschedulable")]
+    job = advance(job, d)
+    assert step(job, SERVED, waiting).events == []  # still waiting: one Event, not one per pass
+    placed = [pod_view(job, r, node="n1") for r in range(2)]
+    assert cond(step(job, SERVED, placed), "PodsScheduled") == ("True", "AllPodsScheduled")
+
+
+def test_the_scheduling_timeout_still_fails_an_unplaceable_gang() -> None:
+    job = make_job(runPolicy={"schedulingTimeoutSeconds": 60})
+    job = advance(job, step(job, SERVED))
+    waiting = [pod_view(job, r, conditions=[UNSCHEDULABLE]) for r in range(2)]
+    d = decide(job, UID, waiting, True, T0 + timedelta(seconds=61), Policy(group_apis=SERVED))
+    assert cond(d, "Failed") == ("True", "Unschedulable")
+
+
+def test_a_job_never_unschedulable_gets_no_pods_scheduled_condition() -> None:
+    job = advance(make_job(), step(make_job(), SERVED))
+    assert cond(step(job, SERVED, [pod_view(job, r, node="n1") for r in range(2)]), "PodsScheduled") is None
+
+
+def test_the_scheduling_group_is_the_operators_not_the_templates() -> None:
+    with pytest.raises(ValueError, match=r"spec\.template\.spec\.schedulingGroup"):
+        job_model("j", template={"spec": {"schedulingGroup": {"podGroupName": "elsewhere"}}})

@@ -1,0 +1,285 @@
+"""Gang scheduling on the real kube-scheduler (spec.scheduling.gang): its own control plane with
+the scheduler and the GenericWorkload / GangScheduling gates, and three fake Nodes of one
+allocatable CPU each, so capacity is three one-CPU pods. The scheduler binds the pods; the
+FakeKubelet only writes their status (Running, Succeeded)."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from support import controlplane
+from support.controlplane import ControlPlane, Unavailable
+from support.kubelet import FakeKubelet, schedulable_node
+from support.objects import Cluster, condition, has_condition
+from support.operator_process import OperatorProcess
+from support.tools import missing_tool
+from support.waiting import wait_for
+
+from kubetrain.api import naming
+from kubetrain.operator import gang
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+NODES = ("slot-0", "slot-1", "slot-2")
+ONE_CPU = {"requests": {"cpu": "1"}}
+COSCHEDULING_CRD = Path(__file__).parent / "crds" / "scheduling.x-k8s.io_podgroups.yaml"
+
+
+@pytest.fixture(scope="module")
+def gang_plane() -> Iterator[ControlPlane]:
+    """A control plane of this module's own (the session's has no scheduler), with the PodGroup
+    API served and enforced, our CRD and scheduler-plugins' PodGroup CRD installed, and three
+    one-CPU Nodes."""
+    try:
+        bin_dir = controlplane.find_k8s_bin()
+    except Unavailable as exc:
+        missing_tool(str(exc))
+    cp = controlplane.start(
+        bin_dir=bin_dir,
+        scheduler=True,
+        feature_gates=dict.fromkeys(gang.FEATURE_GATES, True),
+        runtime_config=[f"{gang.NATIVE.api_version}=true"],
+    )
+    try:
+        controlplane.install_crds(cp, ROOT / "crds")
+        controlplane.install_crds(cp, COSCHEDULING_CRD)
+        with cp.api_client() as api:
+            for name in NODES:
+                schedulable_node(client.CoreV1Api(api), name, cpu="1")
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture
+def api(gang_plane: ControlPlane) -> Iterator[Any]:
+    with gang_plane.api_client() as api:
+        yield api
+
+
+@pytest.fixture
+def cluster(gang_plane: ControlPlane, api: Any) -> Iterator[Cluster]:
+    """A fresh namespace; afterwards its pods are removed at once, so that the next test finds
+    all three CPUs free (no kubelet confirms a graceful deletion here)."""
+    core = client.CoreV1Api(api)
+    name = f"gang-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    wait_for(lambda: core.list_namespaced_service_account(name).items, 30, f"the default ServiceAccount in {name}")
+    yield Cluster(api, name)
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    wait_for(lambda: not core.list_namespaced_pod(name).items, 30, f"the pods of {name} gone")
+    core.delete_namespace(name)
+
+
+@pytest.fixture
+def operator(gang_plane: ControlPlane, cluster: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(gang_plane.kubeconfig, tmp_path / "operator.log", namespaces=cluster.namespace)
+    proc.start()
+    yield proc
+    proc.stop()
+    assert "Traceback" not in proc.log(), proc.log()[-5000:]
+
+
+def bound(cluster: Cluster, job: str) -> list[str]:
+    return [p.spec.node_name for p in cluster.live_pods(job) if p.spec.node_name]
+
+
+def unschedulable(cluster: Cluster, job: str) -> dict[str, Any] | None:
+    """The job's PodsScheduled condition once it says Unschedulable."""
+    found = condition(cluster.job(job) or {}, "PodsScheduled")
+    return found if found and found["status"] == "False" and found["reason"] == "Unschedulable" else None
+
+
+def submit(cluster: Cluster, mode: str, *names: str, nodes: int = 2, **run_policy: Any) -> None:
+    for name in names:
+        cluster.create_job(
+            name, nodes=nodes, resources=ONE_CPU, scheduling={"gang": mode}, runPolicy={"maxRestarts": 0, **run_policy}
+        )
+
+
+def test_native_gang_runs_one_job_whole_and_the_other_not_at_all(
+    cluster: Cluster, operator: OperatorProcess, api: Any
+) -> None:
+    submit(cluster, "native", "a", "b")
+    for job in ("a", "b"):
+        cluster.wait_pods(job, 2, attempt=0)
+    # The waiting job is told why; only then is "zero bound" a settled state, not a race.
+    loser = wait_for(lambda: next((j for j in ("a", "b") if unschedulable(cluster, j)), None), 60, "a job waiting")
+    winner = "b" if loser == "a" else "a"
+    wait_for(lambda: len(bound(cluster, winner)) == 2, 30, f"both pods of {winner} bound")
+    assert bound(cluster, loser) == []
+    stored = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        gang.NATIVE.group, gang.NATIVE.version, cluster.namespace, gang.NATIVE.plural, f"{winner}-0"
+    )
+    assert stored["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
+    assert stored["spec"]["disruptionMode"] == "Pod"  # PodGroup needs the WorkloadAwarePreemption gate
+    assert [o["name"] for o in stored["metadata"]["ownerReferences"]] == [winner]
+    for job in (winner, loser):
+        assert podgroups(api, cluster, job) == [f"{job}-0"]
+        assert {p.spec.scheduling_group.pod_group_name for p in cluster.live_pods(job)} == {f"{job}-0"}
+        assert condition(cluster.job(job) or {}, gang.CONDITION)["reason"] == "PodGroup"  # type: ignore[index]
+
+    kubelet = FakeKubelet(api)
+    for pod in cluster.live_pods(winner):
+        kubelet.run(cluster.namespace, pod.metadata.name)
+    for pod in cluster.live_pods(winner):
+        kubelet.succeed(cluster.namespace, pod.metadata.name)
+    cluster.wait_job(winner, has_condition("Succeeded"), "Succeeded")
+    # The winner's CPUs are free again: the other gang binds, all of it.
+    wait_for(lambda: len(bound(cluster, loser)) == 2, 60, f"both pods of {loser} bound")
+    cluster.wait_job(loser, has_condition("PodsScheduled", reason="AllPodsScheduled"), "PodsScheduled")
+
+
+def test_without_gang_the_second_job_sits_half_placed_holding_a_cpu(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    submit(cluster, "none", "a", "b")
+    half = wait_for(lambda: next((j for j in ("a", "b") if unschedulable(cluster, j)), None), 60, "a job waiting")
+    whole = "b" if half == "a" else "a"
+    wait_for(lambda: len(bound(cluster, whole)) == 2 and len(bound(cluster, half)) == 1, 30, "three pods bound")
+    # Half of `half` holds the third CPU and can do nothing with it until `whole` ends: with
+    # two such jobs each half-placed on a full cluster, neither ever would (the deadlock).
+    assert condition(cluster.job(half) or {}, gang.CONDITION)["reason"] == "Disabled"  # type: ignore[index]
+    assert [p.spec.scheduling_group for p in cluster.live_pods(half)] == [None, None]
+
+
+RESERVED = "kubetrain.dev/reserved"
+
+
+@contextlib.contextmanager
+def two_slots_the_second_reserved(api: Any) -> Iterator[Callable[[], None]]:
+    """slot-2 cordoned (capacity: two CPUs) and slot-1 tainted until the returned call lifts
+    the taint; the nodes are restored afterwards for the module's other tests."""
+    core = client.CoreV1Api(api)
+    taint = {"key": RESERVED, "value": "b", "effect": "NoSchedule"}
+    core.patch_node("slot-2", {"spec": {"unschedulable": True}})
+    core.patch_node("slot-1", {"spec": {"taints": [taint]}})
+    try:
+        yield lambda: core.patch_node("slot-1", {"spec": {"taints": None}})
+    finally:
+        core.patch_node("slot-1", {"spec": {"taints": None}})
+        core.patch_node("slot-2", {"spec": {"unschedulable": None}})
+
+
+def settled(cluster: Cluster, job: str) -> bool:
+    """Every unbound pod of `job` was turned down for want of CPU alone (the taint lifted)."""
+    pending = [p for p in cluster.live_pods(job) if not p.spec.node_name]
+    messages = [c.message or "" for p in pending for c in p.status.conditions or [] if c.type == "PodScheduled"]
+    return (
+        bool(pending)
+        and len(messages) == len(pending)
+        and all("Insufficient cpu" in m and "taint" not in m for m in messages)
+    )
+
+
+@pytest.mark.parametrize("mode", ["none", "native"])
+def test_two_jobs_arriving_interleaved_deadlock_without_the_gang(
+    mode: str, cluster: Cluster, operator: OperatorProcess, api: Any
+) -> None:
+    # Two CPUs, two 2-node jobs whose pods arrive interleaved: a's first pod while only slot-0
+    # is open, then b's (which alone tolerate slot-1's taint). The taint only orders the
+    # arrivals, as a race between two submissions would; then it is lifted.
+    with two_slots_the_second_reserved(api) as lift:
+        submit(cluster, mode, "a")
+        wait_for(lambda: unschedulable(cluster, "a"), 60, "a waiting for a second CPU")
+        assert len(bound(cluster, "a")) == (1 if mode == "none" else 0)
+        cluster.create_job(
+            "b",
+            nodes=2,
+            resources=ONE_CPU,
+            scheduling={"gang": mode},
+            tolerations=[{"key": RESERVED, "operator": "Exists", "effect": "NoSchedule"}],
+        )
+        wait_for(lambda: len(bound(cluster, "b")) == (1 if mode == "none" else 2), 60, "b placed")
+        lift()
+        wait_for(lambda: settled(cluster, "a"), 60, "the scheduler seeing no CPU for a")
+        if mode == "none":
+            # Both half-placed on a full cluster: neither can ever start. The deadlock.
+            assert settled(cluster, "b")
+            assert (len(bound(cluster, "a")), len(bound(cluster, "b"))) == (1, 1)
+            return
+        assert bound(cluster, "a") == []  # a holds nothing while b runs
+        kubelet = FakeKubelet(api)
+        for pod in cluster.live_pods("b"):
+            kubelet.run(cluster.namespace, pod.metadata.name)
+            kubelet.succeed(cluster.namespace, pod.metadata.name)
+        wait_for(lambda: len(bound(cluster, "a")) == 2, 60, "a placed whole once b finished")
+
+
+def test_a_gang_larger_than_the_cluster_binds_nothing_and_fails_at_the_scheduling_timeout(
+    cluster: Cluster, operator: OperatorProcess, api: Any
+) -> None:
+    submit(cluster, "native", "big", nodes=4, schedulingTimeoutSeconds=15)
+    cluster.wait_pods("big", 4, attempt=0)
+
+    def explained() -> bool:
+        # The job quotes one pod's PodScheduled message: the scheduler's own words (they
+        # change as it retries, so both are read again until they agree).
+        waiting = unschedulable(cluster, "big")
+        said = {
+            f"pod {p.metadata.name}: {c.message}"
+            for p in cluster.live_pods("big")
+            for c in p.status.conditions or []
+            if c.type == "PodScheduled" and c.reason == "Unschedulable"
+        }
+        return waiting is not None and waiting["message"] in said
+
+    wait_for(explained, 60, "PodsScheduled=False (Unschedulable) with the scheduler's message")
+    assert bound(cluster, "big") == []
+    assert "Unschedulable" in [e.reason for e in cluster.events("big")]
+    job = cluster.wait_job("big", has_condition("Failed", reason="Unschedulable"), "Failed (Unschedulable)", 60)
+    assert "schedulingTimeoutSeconds=15" in condition(job, "Failed")["message"]  # type: ignore[index]
+    assert bound(cluster, "big") == []
+
+
+def podgroups(api: Any, cluster: Cluster, job: str) -> list[str]:
+    native, selector = gang.NATIVE, f"{naming.LABEL_JOB}={job}"
+    found = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        native.group, native.version, cluster.namespace, native.plural, label_selector=selector
+    )["items"]
+    return sorted(g["metadata"]["name"] for g in found)
+
+
+def test_a_gang_restart_replaces_the_attempts_podgroup(cluster: Cluster, operator: OperatorProcess, api: Any) -> None:
+    submit(cluster, "native", "r")
+    kubelet = FakeKubelet(api)
+    wait_for(lambda: len(bound(cluster, "r")) == 2, 60, "both pods of r bound")
+    for pod in cluster.live_pods("r"):
+        kubelet.run(cluster.namespace, pod.metadata.name)
+    cluster.patch_spec("r", {"runPolicy": {"maxRestarts": 1}})
+    kubelet.fail(cluster.namespace, "r-node-1", exit_code=1)
+
+    def replaced() -> bool:
+        kubelet.confirm_deletions(cluster.namespace)  # the kubelet's half of deleting a bound pod
+        return podgroups(api, cluster, "r") == ["r-1"]
+
+    wait_for(replaced, 60, "PodGroup r-0 gone with attempt 0, r-1 in its place")
+    pods = cluster.wait_pods("r", 2, attempt=1)
+    assert {p.spec.scheduling_group.pod_group_name for p in pods} == {"r-1"}
+
+
+def test_coscheduling_creates_the_scheduler_plugins_podgroup(
+    cluster: Cluster, operator: OperatorProcess, api: Any
+) -> None:
+    # No scheduler runs the Coscheduling plugin here: the test reads what the API server
+    # stored, and the pods wait for a scheduler that never comes.
+    plugins = "scheduler-plugins-scheduler"
+    cluster.create_job("c", nodes=2, resources=ONE_CPU, scheduling={"gang": "coscheduling"}, schedulerName=plugins)
+    pods = cluster.wait_pods("c", 2, attempt=0)
+    assert {(p.metadata.labels[gang.COSCHEDULING_LABEL], p.spec.scheduler_name) for p in pods} == {("c-0", plugins)}
+    assert all(p.spec.scheduling_group is None for p in pods)
+    stored = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        gang.COSCHEDULING.group, gang.COSCHEDULING.version, cluster.namespace, gang.COSCHEDULING.plural, "c-0"
+    )
+    assert stored["spec"]["minMember"] == 2
+    assert [o["name"] for o in stored["metadata"]["ownerReferences"]] == ["c"]
+    job = cluster.wait_job("c", has_condition(gang.CONDITION, reason="Coscheduling"), "GangScheduling (Coscheduling)")
+    assert "GangScheduling" in [e.reason for e in cluster.events("c")]
+    assert condition(job, "PodsScheduled") is None  # no scheduler has looked at the pods
