@@ -36,6 +36,7 @@ class FakeKube:
         self.events: list[tuple[str, str]] = []
         self.version = 1
         self.returns_managed_fields = False
+        self.bodies: dict[str, dict[str, Any]] = {}  # what was created, by name
         self.gate = asyncio.Event()  # creates answer once it is set
         self.gate.set()
         self.served: set[str] = set()  # the PodGroup API versions discovery finds
@@ -55,6 +56,7 @@ class FakeKube:
         if name in self.refuse:
             raise self.refuse[name]
         self.created.append(name)
+        self.bodies[name] = obj
         await self.gate.wait()
         return {
             **obj,
@@ -275,8 +277,8 @@ def test_a_native_gang_creates_its_podgroup_before_the_pods_that_join_it() -> No
     reconcile(controller)
     assert kube.created == ["j-0", "j", "j-node-0", "j-node-1"]
     assert kube.deleted_collections == ["podgroups?kubetrain.dev/job-uid=job-uid,kubetrain.dev/attempt!=0"]
-    pods = controller.jobs[KEY].expectations.creations.values()
-    assert [pod["spec"]["schedulingGroup"] for _, pod in pods] == [{"podGroupName": "j-0"}] * 2
+    pods = [kube.bodies[name] for name in ("j-node-0", "j-node-1")]
+    assert [pod["spec"]["schedulingGroup"] for pod in pods] == [{"podGroupName": "j-0"}] * 2
     assert kube.events == [("Normal", "GangScheduling"), ("Normal", "Created")]
 
 
@@ -308,7 +310,7 @@ def test_a_coscheduling_gang_labels_its_pods_with_the_scheduler_plugins_podgroup
     kube.served = {"scheduling.x-k8s.io/v1alpha1"}
     reconcile(controller)
     assert kube.created == ["j-0", "j", "j-node-0", "j-node-1"]
-    pods = [pod for _, pod in controller.jobs[KEY].expectations.creations.values()]
+    pods = [kube.bodies[name] for name in ("j-node-0", "j-node-1")]
     assert [pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] for pod in pods] == ["j-0"] * 2
     assert all("schedulingGroup" not in pod["spec"] for pod in pods)
 
