@@ -211,6 +211,15 @@ def operator_(
             help="How often rank 0's log is read for status.progress.",
         ),
     ] = 15.0,
+    workers: Annotated[
+        int,
+        typer.Option(
+            envvar="KUBETRAIN_WORKERS",
+            min=1,
+            max=256,
+            help="Jobs creating their pods at once; the others wait their turn.",
+        ),
+    ] = 8,
     log_level: Annotated[
         LogLevel, typer.Option(envvar="KUBETRAIN_LOG_LEVEL", case_sensitive=False, help="Log level.")
     ] = LogLevel.info,
@@ -231,6 +240,7 @@ def operator_(
         progress_interval_seconds=progress_interval,
         metrics_port=metrics_port,
         health_port=health_port,
+        workers=workers,
         log_format=log_format.value,
     )
     raise typer.Exit(run_operator(settings, log_level=log_level.value))

@@ -1,8 +1,8 @@
 """The controller: one cache object per job, and reconcile = observe -> decide -> apply.
 
-observe: the job's pods and Service from kopf's indices (filled from the initial listing
-before any handler runs, so a restarted operator never mistakes "not in my cache yet" for
-"missing"), overlaid with the job's expectations: what this controller created or deleted
+observe: the job's pods and Service from the informer's indices (operator/informer.py;
+listed before any TrainingJob is seen, so a restarted operator never mistakes "not in my
+cache yet" for "missing"), overlaid with the job's expectations: what this controller created or deleted
 whose watch events have not arrived yet (the name and the idea are kube-controller-manager's
 ControllerExpectations).
 decide: pure functions — `status.decide` (the gang), `progress` (rank 0's metrics) and
@@ -16,6 +16,7 @@ TrainingJob status holds everything that must survive a restart of the operator.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -36,7 +37,7 @@ from kubetrain.operator.workqueue import Key, WorkQueue
 
 log = logging.getLogger("kubetrain.operator")
 LogSource = Callable[[str, str], Awaitable[str]]
-Index = Mapping[Any, Collection[Any]]  # kopf's index: (namespace, job) -> the indexed values
+Index = Mapping[Any, Collection[Any]]  # informer.Index: (namespace, job) -> what it keeps per child
 # How long a created pod counts as observed before its watch event arrives: past that the
 # pod was gone before it could be listed, and a watch event will never come.
 EXPECTATIONS_TIMEOUT_SECONDS = 60.0
@@ -48,7 +49,19 @@ DISCOVERY_TTL_SECONDS = 300.0
 # A queued job whose Workload cannot be created yet (its WorkloadPriorityClass is missing, the
 # API server refused it) looks again this often.
 WORKLOAD_RETRY_SECONDS = 30.0
-PHASES = ("Pending", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+
+
+# kubectl apply's copy of the whole manifest: nothing here reads it.
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def _held(body: dict[str, Any]) -> dict[str, Any]:
+    """The job as the controller keeps it: without managedFields and kubectl's last-applied
+    copy, which together are larger than the spec and status the reconcile reads."""
+    meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
+    if LAST_APPLIED in (meta.get("annotations") or {}):
+        meta["annotations"] = {k: v for k, v in meta["annotations"].items() if k != LAST_APPLIED}
+    return {**body, "metadata": meta}
 
 
 def _rv(body: dict[str, Any]) -> int:
@@ -65,20 +78,21 @@ class Expectations:
     event of a pod it created must count it, and one that runs before a deletion finishes
     must treat the pod as terminating."""
 
-    creations: dict[str, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    creations: dict[str, tuple[float, PodView]] = field(default_factory=dict)
     service: bool = False
     deletions: set[str] = field(default_factory=set)
 
     def created(self, pod: dict[str, Any]) -> None:
-        self.creations[pod["metadata"]["uid"]] = (time.monotonic(), pod)
+        view = PodView.from_pod(pod)
+        self.creations[view.uid] = (time.monotonic(), view)
 
-    def pods(self, indexed: Collection[dict[str, Any]]) -> list[PodView]:
-        """The indexed pods plus the created ones not indexed yet, as views."""
-        seen = {p["metadata"]["uid"]: p for p in indexed}
+    def pods(self, indexed: Collection[PodView]) -> list[PodView]:
+        """The indexed pods plus the created ones not indexed yet."""
+        seen = {p.uid: p for p in indexed}
         horizon = time.monotonic() - EXPECTATIONS_TIMEOUT_SECONDS
         for uid in [uid for uid, (at, _) in self.creations.items() if uid in seen or at < horizon]:
             del self.creations[uid]
-        views = [PodView.from_pod(p) for p in [*seen.values(), *(pod for _, pod in self.creations.values())]]
+        views = [*seen.values(), *(view for _, view in self.creations.values())]
         return [replace(p, terminating=True) if p.uid in self.deletions else p for p in views]
 
     def gone(self, uid: str) -> None:
@@ -98,6 +112,17 @@ class JobState:
     placement: tuple[tuple[str, ...], kueue.Placement] | None = None  # Kueue flavors read, and where they place
 
 
+def _count_phase(state: JobState, phase: str | None) -> None:
+    """Move the job between the jobs-by-phase gauge's series (None: out of all of them); a
+    count kept by steps, not a sum over every job on every reconcile."""
+    if phase != state.phase:
+        if state.phase is not None:
+            metrics.JOBS.labels(state.phase).dec()
+        if phase is not None:
+            metrics.JOBS.labels(phase).inc()
+        state.phase = phase
+
+
 class Controller:
     """The jobs this operator process knows, their work queue, and the reconcile."""
 
@@ -110,13 +135,19 @@ class Controller:
         self.pods: Index = {}
         self.services: Index = {}
         self.queue = WorkQueue(self.reconcile)
+        # At most `workers` jobs create their children at once, served in arrival order (the
+        # semaphore is FIFO). 200 new jobs creating at once share the API server's throughput,
+        # so each gets its last pod near the end of the burst; a few at a time finish one
+        # after another at the same throughput. Only the creates are bounded: the status
+        # write and the Event after them need no turn.
+        self.creating = asyncio.Semaphore(settings.workers)
         self._group_apis: tuple[float, frozenset[str]] | None = None  # (monotonic time, served)
         # One discovery request at a time: a burst of new jobs must not send one each.
         self._discovery = asyncio.Lock()
 
     # --- what the watches see -----------------------------------------------------------
     def watch(self, pods: Index, services: Index) -> None:
-        """kopf's live indices of the children by (namespace, job)."""
+        """The informers' live indices of the children by (namespace, job): PodViews, Service names."""
         self.pods, self.services = pods, services
 
     def job_seen(self, body: dict[str, Any]) -> None:
@@ -125,17 +156,21 @@ class Controller:
     def _remember(self, body: dict[str, Any]) -> Key:
         """Keep the newest body; a job recreated under the same name starts a new state."""
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        body = _held(body)
         state = self.jobs.get(key)
         if state is None or state.body["metadata"].get("uid") != body["metadata"].get("uid"):
+            if state is not None:
+                _count_phase(state, None)
             self.jobs[key] = JobState(body)
         elif _rv(body) >= _rv(state.body):
             state.body = body
         return key
 
     def job_deleted(self, key: Key) -> None:
-        self.jobs.pop(key, None)
+        state = self.jobs.pop(key, None)
+        if state is not None:
+            _count_phase(state, None)
         self.queue.forget(key)
-        self._count_phases()
 
     def pod_changed(self, key: Key, gone_uid: str | None = None) -> None:
         state = self.jobs.get(key)
@@ -156,10 +191,6 @@ class Controller:
         if gone:
             state.expectations.service = False
         self.queue.add(key)
-
-    def _count_phases(self) -> None:
-        for phase in PHASES:
-            metrics.JOBS.labels(phase).set(sum(s.phase == phase for s in self.jobs.values()))
 
     # --- reconcile ----------------------------------------------------------------------
     async def reconcile(self, key: Key) -> float | None:
@@ -320,8 +351,7 @@ class Controller:
         if wire != (decided_wire if committed else previous_wire):
             await self._write_status(state, body, wire)
         await self._announce(key, body, status, events)
-        state.phase = status.phase or "Pending"
-        self._count_phases()
+        _count_phase(state, status.phase or "Pending")
         if decision.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished passed; deleting the job", namespace, name)
             await self.kube.delete_job(namespace, name, body["metadata"]["uid"])
@@ -340,7 +370,7 @@ class Controller:
         written = await self.kube.replace_status(body, status)
         if written is not None:
             if _rv(written) >= _rv(state.body):
-                state.body = written
+                state.body = _held(written)
             body["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"]
 
     async def _delete(self, state: JobState, namespace: str, pod: str, uid: str) -> None:
@@ -378,7 +408,8 @@ class Controller:
             pods = [gang.join(pod, gang.podgroup_name(job.name, attempt), mode) for pod in pods]
         objects = [render_service(job, namespace, uid)] if decision.create_service else []
         objects += pods
-        results = await asyncio.gather(*(self.kube.create(obj) for obj in objects), return_exceptions=True)
+        async with self.creating if objects else contextlib.nullcontext():
+            results = await asyncio.gather(*(self.kube.create(obj) for obj in objects), return_exceptions=True)
         refusals: list[refusal.Refusal] = []
         errors: list[BaseException] = []
         for obj, result in zip(objects, results, strict=True):

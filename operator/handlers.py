@@ -7,8 +7,9 @@ Why event handlers and a work queue rather than kopf's on.create/on.update:
     TrainingJob status already holds all the state that must survive a restart.
   * A job must be reconciled when any of its pods changes; the queue coalesces the bursts
     (4 pods created -> 1 reconcile, not 4) and serializes reconciles of one job.
-Pods and Services are kopf indices: kopf fills them from its initial listing before any
-other handler runs, so a restarted operator never mistakes "not in my cache yet" for
+kopf watches the TrainingJobs only; the pods and Services go from our own watches straight
+to the controller (operator/informer.py), listed in the startup handler, which kopf finishes
+before it watches anything: a restarted operator never mistakes "not in my cache yet" for
 "missing" (which would recreate single pods of a running gang).
 
 No finalizer: children carry a controller ownerReference, so the garbage collector removes
@@ -17,16 +18,19 @@ them with the job, and the operator never blocks a deletion.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
+import aiohttp
 import kopf
 
 from kubetrain.api import naming
 from kubetrain.operator import kueue
 from kubetrain.operator.controller import Controller
-
-CHILD_LABELS = {naming.LABEL_JOB: kopf.PRESENT}
+from kubetrain.operator.informer import Informer
+from kubetrain.operator.kube import ApiError
+from kubetrain.operator.pods import PodView
 
 
 class NoDiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -48,10 +52,9 @@ def _controller(memo: kopf.Memo) -> Controller:
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     controller = _controller(memo)
-    # kopf hands the same live indices to every handler, startup ones included.
-    controller.watch(kwargs["pods_by_job"], kwargs["services_by_job"])
+    namespaces = controller.settings.namespaces
     # kopf's own bookkeeping, should a change handler ever be added, lives under our prefix.
     settings.persistence.finalizer = f"{naming.GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=naming.GROUP)
@@ -62,26 +65,26 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -
     settings.watching.server_timeout = 300
     # With exact namespaces there is nothing to discover cluster-wide (and a namespaced Role
     # cannot grant the CRD/namespace lists kopf would retry for about a minute).
-    namespaces = controller.settings.namespaces
     settings.scanning.disabled = bool(namespaces) and not any(c in n for n in namespaces for c in "*?[")
     # kopf waits this long for more events of an object before handling the newest: 0.1 s
-    # by default, all of it added to a new job's time-to-pods. The handlers only enqueue,
+    # by default, all of it added to a new job's time-to-pods. The handler only enqueues,
     # and the queue coalesces bursts itself.
     settings.batching.batch_window = 0.01
+    pods = Informer(controller.kube, "pods", namespaces, PodView.from_pod, controller.pod_changed)
+    services = Informer(controller.kube, "services", namespaces, _name, _service_changed(controller))
+    try:
+        await asyncio.gather(pods.list(), services.list())
+    except (ApiError, aiohttp.ClientError, TimeoutError) as error:
+        raise kopf.TemporaryError(f"listing the TrainingJobs' children failed: {error}", delay=2) from error
+    controller.watch(pods.index, services.index)
+    # Startup and cleanup handlers share kopf's root memo; per-object handlers get copies.
+    memo["watches"] = [asyncio.create_task(informer.run()) for informer in (pods, services)]
 
 
-@kopf.index("", "v1", "pods", labels=CHILD_LABELS)
-async def pods_by_job(
-    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
-) -> dict[tuple[str | None, str], dict[str, Any]]:
-    return {(namespace, labels[naming.LABEL_JOB]): _to_dict(body)}
-
-
-@kopf.index("", "v1", "services", labels=CHILD_LABELS)
-async def services_by_job(
-    namespace: str | None, labels: Mapping[str, str], name: str, **_: Any
-) -> dict[tuple[str | None, str], str]:
-    return {(namespace, labels[naming.LABEL_JOB]): name}
+@kopf.on.cleanup()
+async def stop_watching(memo: kopf.Memo, **_: Any) -> None:
+    for task in memo.get("watches", ()):
+        task.cancel()
 
 
 @kopf.on.event(naming.GROUP, naming.VERSION, naming.PLURAL)
@@ -94,12 +97,12 @@ async def trainingjob_event(
         _controller(memo).job_seen(_to_dict(body))
 
 
-@kopf.on.event("", "v1", "pods", labels=CHILD_LABELS)
-async def pod_event(
-    type: str, body: kopf.Body, namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any
-) -> None:
-    gone = (body.metadata.uid or "") if type == "DELETED" else None
-    _controller(memo).pod_changed((namespace or "", labels[naming.LABEL_JOB]), gone)
+def _name(service: dict[str, Any]) -> str:
+    return str(service["metadata"]["name"])
+
+
+def _service_changed(controller: Controller) -> Callable[[tuple[str, str], str | None], None]:
+    return lambda key, gone_uid: controller.service_changed(key, gone=gone_uid is not None)
 
 
 # Kueue's Workloads of queued jobs (operator/kueue.py): an admission or eviction wakes the
@@ -108,11 +111,6 @@ async def pod_event(
 async def workload_event(namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
     if naming.LABEL_JOB in labels:
         _controller(memo).workload_changed((namespace or "", labels[naming.LABEL_JOB]))
-
-
-@kopf.on.event("", "v1", "services", labels=CHILD_LABELS)
-async def service_event(type: str, namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
-    _controller(memo).service_changed((namespace or "", labels[naming.LABEL_JOB]), gone=type == "DELETED")
 
 
 def _to_dict(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import os
 import socket
 import ssl
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +30,12 @@ from kubetrain.operator.metrics import API_WRITES
 
 COMPONENT = "kubetrain-operator"
 log = logging.getLogger("kubetrain.operator")
+
+
+# What a create answers with: the object's metadata only (the API server's
+# PartialObjectMetadata, as for `kubectl get -o name`). The controller reads the new pod's uid,
+# labels and creationTimestamp; the whole pod is ~5 KB of JSON decoded per created pod.
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 
 
 class ApiError(Exception):
@@ -102,6 +109,8 @@ class Kube:
         self.connections = connections
         self.instance = socket.gethostname()
         self._session: aiohttp.ClientSession | None = None
+        # Watches hold their connections for minutes: never from the pool writes wait on.
+        self._watch_session: aiohttp.ClientSession | None = None
         # Status writes, events and log reads take at most a few connections: in a burst of
         # new jobs they would otherwise queue between the pod creations users wait for.
         self._side = asyncio.Semaphore(max(2, connections // 8))
@@ -123,8 +132,17 @@ class Kube:
         return self._session
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._watch_session):
+            if session is not None:
+                await session.close()
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        # Calls the client's refresh hook: in a pod the ServiceAccount token rotates.
+        token = self.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
+        if token:
+            headers["Authorization"] = token
+        return headers
 
     async def _request(
         self,
@@ -134,12 +152,9 @@ class Kube:
         query: dict[str, str] | None = None,
         *,
         side: bool = False,
+        accept: str = "application/json",
     ) -> bytes:
-        headers = {"Accept": "application/json"}
-        # Calls the client's refresh hook: in a pod the ServiceAccount token rotates.
-        token = self.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
-        if token:
-            headers["Authorization"] = token
+        headers = {**self._headers(), "Accept": accept}
         data = None
         if body is not None:
             headers["Content-Type"] = "application/json"
@@ -156,15 +171,42 @@ class Kube:
             raise ApiError(response.status, payload)
         return payload
 
+    # --- reads of the children (operator/informer.py) -------------------------------------
+    async def list(self, path: str, query: dict[str, str]) -> dict[str, Any]:
+        """One page of a list (query may carry `limit` and `continue`)."""
+        page: dict[str, Any] = json.loads(await self._request("GET", path, query=query))
+        return page
+
+    async def watch(self, path: str, query: dict[str, str], timeout: float) -> AsyncIterator[dict[str, Any]]:
+        """The events of one watch request (`timeout`: its timeoutSeconds), until the server ends it."""
+        if self._watch_session is None or self._watch_session.closed:
+            connector = aiohttp.TCPConnector(limit=0, ssl=self._ssl())
+            # No total: a watch lasts up to `timeout`; a silent connection (no bookmark for
+            # a minute past it) is dead.
+            reads = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout + 60)
+            self._watch_session = aiohttp.ClientSession(connector=connector, timeout=reads)
+        query = {**query, "watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(int(timeout))}
+        url = self.configuration.host + path
+        async with self._watch_session.get(url, params=query, headers=self._headers()) as response:
+            if response.status >= 400:
+                raise ApiError(response.status, await response.read())
+            pending = b""
+            # Not readline(): aiohttp caps a line at 128 KiB, and one object can be larger.
+            async for chunk in response.content.iter_any():
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+
     # --- children -----------------------------------------------------------------------
     async def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
-        """Create a Pod, Service or PodGroup; None if one of that name exists already. Raises
-        `Refused` on 403/422."""
+        """Create a Pod, Service or PodGroup: the created object's metadata (as {"metadata": ...}),
+        None if one of that name exists already. Raises `Refused` on 403/422."""
         plural = obj["kind"].lower() + "s"
         API_WRITES.labels("create", plural).inc()
         try:
             path = _namespaced(obj["apiVersion"], obj["metadata"]["namespace"], plural)
-            created: dict[str, Any] = json.loads(await self._request("POST", path, obj))
+            created: dict[str, Any] = json.loads(await self._request("POST", path, obj, accept=METADATA_ONLY))
         except ApiError as exc:
             if exc.status == 409:
                 return None

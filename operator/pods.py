@@ -3,6 +3,7 @@ field (the local runner builds them from processes)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -38,7 +39,7 @@ def _int_label(labels: dict[str, str], key: str) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodCondition:
     """A pod condition, as failurePolicy.rules[].onPodConditions matches it."""
 
@@ -48,9 +49,10 @@ class PodCondition:
     message: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodView:
-    """What reconciling needs to know about one pod."""
+    """What reconciling needs to know about one pod. The operator's pod index holds these, not
+    the pods: a finished pod parsed from JSON holds ~26 KB, its view ~2 KB."""
 
     name: str
     uid: str
@@ -73,7 +75,7 @@ class PodView:
     conditions: tuple[PodCondition, ...] = ()
 
     @classmethod
-    def from_pod(cls, pod: dict[str, Any]) -> PodView:
+    def from_pod(cls, pod: Mapping[str, Any]) -> PodView:
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         status = pod.get("status") or {}

@@ -21,6 +21,9 @@ class OperatorSettings:
     metrics_port: int = 8000  # 0 disables the Prometheus endpoint
     health_port: int = 8080  # 0 disables kopf's liveness endpoint (/healthz)
     api_connections: int = 32  # concurrent HTTP connections to the API server
+    # Jobs creating their children at once (Controller.creating). Each creates nodes + 1
+    # objects at once: 8 x (4 + 1) requests keep the 32 connections busy.
+    workers: int = 8
     log_format: str = "json"
 
     @property

@@ -14,8 +14,9 @@ from support.jobs import valid_job
 
 from kubetrain.api.models import TrainingJob
 from kubetrain.operator import gang
-from kubetrain.operator.controller import Controller, JobState
+from kubetrain.operator.controller import LAST_APPLIED, Controller, JobState
 from kubetrain.operator.kube import ApiError, Refused
+from kubetrain.operator.pods import PodView
 from kubetrain.operator.refusal import BLOCKED
 from kubetrain.operator.render import RenderSettings, render_pod
 from kubetrain.operator.settings import OperatorSettings
@@ -34,6 +35,10 @@ class FakeKube:
         self.statuses: list[dict[str, Any]] = []
         self.events: list[tuple[str, str]] = []
         self.version = 1
+        self.returns_managed_fields = False
+        self.bodies: dict[str, dict[str, Any]] = {}  # what was created, by name
+        self.gate = asyncio.Event()  # creates answer once it is set
+        self.gate.set()
         self.served: set[str] = set()  # the PodGroup API versions discovery finds
         self.discoveries = 0
         self.deleted_collections: list[str] = []
@@ -51,6 +56,8 @@ class FakeKube:
         if name in self.refuse:
             raise self.refuse[name]
         self.created.append(name)
+        self.bodies[name] = obj
+        await self.gate.wait()
         return {
             **obj,
             "metadata": {**obj["metadata"], "uid": f"uid-{name}", "creationTimestamp": "2026-01-01T12:00:00Z"},
@@ -59,7 +66,10 @@ class FakeKube:
     async def replace_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         self.version += 1
         self.statuses.append(status)
-        return {**body, "metadata": {**body["metadata"], "resourceVersion": str(self.version)}, "status": status}
+        meta = {**body["metadata"], "resourceVersion": str(self.version)}
+        if self.returns_managed_fields:
+            meta["managedFields"] = [{"manager": "kubetrain-operator", "subresource": "status"}]
+        return {**body, "metadata": meta, "status": status}
 
     async def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append((type_, reason))
@@ -93,6 +103,66 @@ def test_a_new_job_is_one_status_write_after_its_children() -> None:
     # Before any watch event arrived: the expectations hold the two pods and the Service.
     reconcile(controller)
     assert kube.created == ["j", "j-node-0", "j-node-1"] and len(kube.statuses) == 1
+
+
+def test_the_held_job_drops_managed_fields_and_the_last_applied_copy() -> None:
+    """Per job the controller keeps what the reconcile and the status write read, also after
+    the status write returned the object with the server's bookkeeping."""
+    controller, kube = make()
+    manifest = json.dumps(controller.jobs[KEY].body)
+    body = controller.jobs.pop(KEY).body
+    body["metadata"]["managedFields"] = [{"manager": "kubectl", "operation": "Update", "fieldsV1": {}}]
+    body["metadata"]["annotations"] = {LAST_APPLIED: manifest, "team": "vision"}
+    kube.returns_managed_fields = True
+
+    async def seen_and_reconciled() -> None:
+        controller.job_seen(body)
+        await asyncio.gather(*controller.queue.tasks)
+
+    asyncio.run(seen_and_reconciled())
+    held = controller.jobs[KEY].body["metadata"]
+    assert len(kube.statuses) == 1 and held["resourceVersion"] == "2"
+    assert "managedFields" not in held and held["annotations"] == {"team": "vision"}
+    assert LAST_APPLIED in body["metadata"]["annotations"]  # the watch's object is not mutated
+
+
+def jobs_in(phase: str) -> float:
+    return REGISTRY.get_sample_value("kubetrain_trainingjobs", {"phase": phase}) or 0.0
+
+
+def test_the_jobs_by_phase_gauge_follows_the_job_until_it_is_deleted() -> None:
+    controller, kube = make()
+    pending, failed = jobs_in("Pending"), jobs_in("Failed")
+    reconcile(controller)
+    assert jobs_in("Pending") == pending + 1
+    kube.refuse = {"j-node-0": Refused(422, 'Pod "j-node-0" is invalid: spec.tolerations[0].key: Invalid value')}
+    controller.jobs[KEY].expectations.creations.clear()
+    controller.jobs[KEY].expectations.service = False
+    reconcile(controller)
+    assert (jobs_in("Pending"), jobs_in("Failed")) == (pending, failed + 1)
+    controller.job_deleted(KEY)
+    assert (jobs_in("Pending"), jobs_in("Failed")) == (pending, failed)
+
+
+def test_at_most_workers_jobs_create_at_once_in_the_order_they_came() -> None:
+    kube = FakeKube()
+    controller = Controller(OperatorSettings(workers=2), kube)  # type: ignore[arg-type]
+    for name in "abcde":
+        body = valid_job(name)
+        body["metadata"].update(namespace="ns", uid=f"uid-{name}", resourceVersion="1")
+        controller.jobs[("ns", name)] = JobState(body)
+
+    async def scenario() -> None:
+        kube.gate.clear()
+        runs = [asyncio.create_task(controller.reconcile(("ns", name))) for name in "abcde"]
+        for _ in range(20):  # yield to the loop: every task had its turns (no clock involved)
+            await asyncio.sleep(0)
+        assert sorted(kube.created) == ["a", "a-node-0", "a-node-1", "b", "b-node-0", "b-node-1"]
+        kube.gate.set()
+        await asyncio.gather(*runs)
+
+    asyncio.run(scenario())
+    assert [name for name in kube.created if "-" not in name] == list("abcde")
 
 
 def test_a_transient_refusal_backs_off_and_recovers() -> None:
@@ -138,14 +208,14 @@ def test_a_server_error_is_raised_for_the_work_queue_after_the_successes_are_exp
     assert kube.statuses == [] and list(controller.jobs[KEY].expectations.creations) == ["uid-j-node-0"]
 
 
-def pod(controller: Controller, rank: int, phase: str, exit_code: int) -> dict[str, Any]:
+def pod(controller: Controller, rank: int, phase: str, exit_code: int) -> PodView:
     """Node `rank`'s pod of attempt 0 as the index holds it once its container exited."""
     job = TrainingJob.model_validate(controller.jobs[KEY].body)
     body = render_pod(job, "ns", "job-uid", rank, 0, RenderSettings())
     body["metadata"].update(uid=f"uid-{rank}", creationTimestamp="2026-01-01T12:00:00Z")
     terminated = {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed", "message": ""}
     body["status"] = {"phase": phase, "containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}]}
-    return body
+    return PodView.from_pod(body)
 
 
 def finished(reason: str) -> float:
@@ -207,8 +277,8 @@ def test_a_native_gang_creates_its_podgroup_before_the_pods_that_join_it() -> No
     reconcile(controller)
     assert kube.created == ["j-0", "j", "j-node-0", "j-node-1"]
     assert kube.deleted_collections == ["podgroups?kubetrain.dev/job-uid=job-uid,kubetrain.dev/attempt!=0"]
-    pods = controller.jobs[KEY].expectations.creations.values()
-    assert [pod["spec"]["schedulingGroup"] for _, pod in pods] == [{"podGroupName": "j-0"}] * 2
+    pods = [kube.bodies[name] for name in ("j-node-0", "j-node-1")]
+    assert [pod["spec"]["schedulingGroup"] for pod in pods] == [{"podGroupName": "j-0"}] * 2
     assert kube.events == [("Normal", "GangScheduling"), ("Normal", "Created")]
 
 
@@ -240,7 +310,7 @@ def test_a_coscheduling_gang_labels_its_pods_with_the_scheduler_plugins_podgroup
     kube.served = {"scheduling.x-k8s.io/v1alpha1"}
     reconcile(controller)
     assert kube.created == ["j-0", "j", "j-node-0", "j-node-1"]
-    pods = [pod for _, pod in controller.jobs[KEY].expectations.creations.values()]
+    pods = [kube.bodies[name] for name in ("j-node-0", "j-node-1")]
     assert [pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] for pod in pods] == ["j-0"] * 2
     assert all("schedulingGroup" not in pod["spec"] for pod in pods)
 

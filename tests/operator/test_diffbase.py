@@ -15,7 +15,7 @@ def test_no_handler_needs_a_diff_base() -> None:
     assert list(registry._changing.get_all_handlers()) == []
     assert list(registry._spawning.get_all_handlers()) == []
     watching = sorted(h.id for h in registry._watching.get_all_handlers())
-    assert watching == ["pod_event", "service_event", "trainingjob_event", "workload_event"]
+    assert watching == ["trainingjob_event", "workload_event"]  # pods and Services: informer.py
 
 
 def test_the_essence_is_empty_whatever_the_body() -> None:

@@ -1,0 +1,169 @@
+"""The TrainingJobs' pods and Services: listed, then watched straight into the controller.
+
+kopf watched them until issue 15: per event it wakes (or starts) a worker task per object,
+batches, builds a Body and a logger, and runs the handlers; with 200 jobs x 4 nodes arriving
+at once that was 41 % of the operator's CPU (benchmarks/results/operator_profile.json). Here
+an event is one JSON decode, one cache update and a `WorkQueue.add` (through the controller's
+pod_changed/service_changed). kopf still owns the TrainingJob watch.
+
+The cache (`Index`, by (namespace, job)) is filled by a list in kopf's startup handler, which
+kopf finishes before it watches TrainingJobs: a restarted operator never mistakes "not in my
+cache yet" for "missing" (which would recreate single pods of a running gang). Then a watch
+from the list's resourceVersion, resumed from the newest one seen (bookmarks keep it recent)
+whenever the server ends it, and a fresh list where that version is too old (410 Gone): what
+client-go's reflector does.
+
+Namespaces: each named one is listed and watched on its own (a namespaced Role suffices);
+none, or any glob pattern among them, means one cluster-wide watch (filtered by the globs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import json
+import logging
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any
+
+import aiohttp
+
+from kubetrain.api import naming
+from kubetrain.operator.kube import ApiError, Kube
+
+log = logging.getLogger("kubetrain.operator")
+Key = tuple[str, str]  # (namespace, job name)
+Extract = Callable[[dict[str, Any]], Any]  # an object -> what the cache keeps of it
+Notify = Callable[[Key, "str | None"], None]  # (its job, the uid of a deleted object)
+SELECTOR = naming.LABEL_JOB  # every child carries it: the label's presence selects them
+PAGE = 500
+WATCH_SECONDS = 300.0
+RETRY_SECONDS = 1.0  # after a failed watch request (apiserver restarting, network)
+
+
+class Index(Mapping[Key, Collection[Any]]):
+    """What the cache keeps of each child, by its job; a job without children is absent."""
+
+    def __init__(self) -> None:
+        self._by_job: dict[Key, dict[str, Any]] = {}
+        self._job_of: dict[str, Key] = {}
+
+    def __getitem__(self, key: Key) -> Collection[Any]:
+        return self._by_job[key].values()
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._by_job)
+
+    def __len__(self) -> int:
+        return len(self._by_job)
+
+    def put(self, key: Key, uid: str, value: Any) -> Key | None:
+        """Keep `value`; the job the child belonged to before, if it was relabelled."""
+        previous = self.drop(uid) if self._job_of.get(uid, key) != key else None
+        self._by_job.setdefault(key, {})[uid] = value
+        self._job_of[uid] = key
+        return previous
+
+    def drop(self, uid: str) -> Key | None:
+        key = self._job_of.pop(uid, None)
+        if key is not None:
+            children = self._by_job[key]
+            del children[uid]
+            if not children:
+                del self._by_job[key]
+        return key
+
+    def uids(self, namespace: str | None) -> set[str]:
+        return {uid for uid, key in self._job_of.items() if namespace is None or key[0] == namespace}
+
+
+class Informer:
+    """One kind of child (`plural`: "pods" or "services") in the operator's namespaces."""
+
+    def __init__(self, kube: Kube, plural: str, namespaces: Collection[str], extract: Extract, notify: Notify) -> None:
+        self.kube, self.plural, self.extract, self.notify = kube, plural, extract, notify
+        globs = [n for n in namespaces if any(c in n for c in "*?[")]
+        self.scopes: list[str | None] = [None] if globs or not namespaces else list(namespaces)
+        self.admits: Callable[[str], bool] = (
+            (lambda namespace: any(fnmatch.fnmatchcase(namespace, n) for n in namespaces)) if globs else bool
+        )
+        self.index = Index()
+        self.versions: dict[str | None, str] = {}
+
+    def _path(self, scope: str | None) -> str:
+        return f"/api/v1/{self.plural}" if scope is None else f"/api/v1/namespaces/{scope}/{self.plural}"
+
+    async def list(self) -> None:
+        """Fill (or refill) the cache from every scope; the jobs are told of every change."""
+        await asyncio.gather(*(self._list(scope) for scope in self.scopes))
+
+    async def _list(self, scope: str | None) -> None:
+        query = {"labelSelector": SELECTOR, "limit": str(PAGE)}
+        listed: set[str] = set()
+        while True:
+            page = await self.kube.list(self._path(scope), query)
+            for item in page.get("items") or []:
+                listed.add(item["metadata"]["uid"])
+                self._seen("ADDED", item)
+            more = page["metadata"].get("continue")
+            if not more:
+                break
+            query = {**query, "continue": more}
+        # The pages of a paginated list are one snapshot, each carrying its resourceVersion.
+        self.versions[scope] = page["metadata"]["resourceVersion"]
+        for uid in self.index.uids(scope) - listed:  # deleted while nobody watched
+            key = self.index.drop(uid)
+            if key is not None:
+                self.notify(key, uid)
+
+    async def run(self) -> None:
+        """Watch every scope until cancelled (call `list` first)."""
+        await asyncio.gather(*(self._watch(scope) for scope in self.scopes))
+
+    async def _watch(self, scope: str | None) -> None:
+        while True:
+            query = {"labelSelector": SELECTOR, "resourceVersion": self.versions[scope]}
+            try:
+                async for event in self.kube.watch(self._path(scope), query, WATCH_SECONDS):
+                    self._event(scope, event)
+                continue  # the server ended the watch (its timeout): resume
+            except ApiError as error:
+                if error.status == 410:  # too old: as an HTTP status or as an ERROR event
+                    log.info("the watch of %s expired; listing them again", self.plural)
+                    await self._relist(scope)
+                    continue
+                failure: Exception = error
+            except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+                failure = error
+            log.warning("watching %s failed (%s); resuming in %.0f s", self.plural, failure, RETRY_SECONDS)
+            await asyncio.sleep(RETRY_SECONDS)
+
+    async def _relist(self, scope: str | None) -> None:
+        while True:
+            try:
+                return await self._list(scope)
+            except (ApiError, aiohttp.ClientError, TimeoutError, ValueError) as error:
+                log.warning("listing %s failed (%s); again in %.0f s", self.plural, error, RETRY_SECONDS)
+                await asyncio.sleep(RETRY_SECONDS)
+
+    def _event(self, scope: str | None, event: dict[str, Any]) -> None:
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            raise ApiError(int(obj.get("code") or 500), json.dumps(obj).encode())
+        self.versions[scope] = obj["metadata"]["resourceVersion"]
+        if kind != "BOOKMARK":
+            self._seen(str(kind), obj)
+
+    def _seen(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        uid, namespace = meta["uid"], meta["namespace"]
+        job = (meta.get("labels") or {}).get(naming.LABEL_JOB)
+        if kind == "DELETED" or job is None or not self.admits(namespace):
+            gone = self.index.drop(uid)
+            if gone is not None:
+                self.notify(gone, uid)
+            return
+        previous = self.index.put((namespace, job), uid, self.extract(obj))
+        if previous is not None:
+            self.notify(previous, uid)
+        self.notify((namespace, job), None)
