@@ -14,7 +14,7 @@ from typing import IO, Any
 import pytest
 from support.controlplane import Unavailable
 from support.images import BUILD_SCRIPT, OPERATOR_REF, TRAINER_REF, archives, expected_archives
-from support.tools import ROOT, missing_tool, which
+from support.tools import ROOT, missing_tool
 
 from kubetrain.api.contract import DEFAULT_COMMAND
 from kubetrain.operator.render import RUN_AS_USER
@@ -22,17 +22,6 @@ from kubetrain.operator.render import RUN_AS_USER
 # What the script reads, copied into a scratch repository the key tests may change.
 CONTEXT = ["Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "api", "operator", "local", "trainer"]
 CONTEXT += ["cli", "examples", "charts", "tests/cluster/build-images.sh", "tests/conftest.py"]
-
-
-def test_shellcheck() -> None:
-    shellcheck = which("shellcheck")
-    if shellcheck is None:
-        missing_tool("shellcheck not found: apt-get install -y shellcheck")
-    assert shellcheck is not None
-    result = subprocess.run(
-        [shellcheck, "--severity=style", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_ci_builds_the_images_before_pytest() -> None:

@@ -3,25 +3,12 @@ they cannot run."""
 
 from __future__ import annotations
 
-import subprocess
-
 import yaml
-from support.tools import ROOT, missing_tool, which
+from support.tools import ROOT
 
 SCRIPT = ROOT / "tests" / "e2e" / "kind-e2e.sh"
 SCENARIO = ROOT / "tests" / "e2e" / "test_cluster_e2e.py"
 WORKFLOW = ROOT / ".github" / "workflows" / "e2e.yaml"
-
-
-def test_shellcheck() -> None:
-    shellcheck = which("shellcheck")
-    if shellcheck is None:
-        missing_tool("shellcheck not found: apt-get install -y shellcheck")
-    assert shellcheck is not None
-    result = subprocess.run(
-        [shellcheck, "--severity=style", "--shell=bash", str(SCRIPT)], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_script_makes_the_cluster_and_runs_the_shared_scenario() -> None:
