@@ -89,8 +89,7 @@ class Expectations:
     def pods(self, indexed: Collection[PodView]) -> list[PodView]:
         """The indexed pods plus the created ones not indexed yet."""
         seen = {p.uid: p for p in indexed}
-        horizon = time.monotonic() - EXPECTATIONS_TIMEOUT_SECONDS
-        for uid in [uid for uid, (at, _) in self.creations.items() if uid in seen or at < horizon]:
+        for uid in [uid for uid in self.creations if uid in seen]:
             del self.creations[uid]
         views = [*seen.values(), *(view for _, view in self.creations.values())]
         return [replace(p, terminating=True) if p.uid in self.deletions else p for p in views]
@@ -98,6 +97,12 @@ class Expectations:
     def gone(self, uid: str) -> None:
         self.deletions.discard(uid)
         self.creations.pop(uid, None)
+
+    def overdue(self, indexed: Collection[PodView]) -> list[PodView]:
+        """Created pods the watch has not shown for EXPECTATIONS_TIMEOUT_SECONDS."""
+        seen = {p.uid for p in indexed}
+        horizon = time.monotonic() - EXPECTATIONS_TIMEOUT_SECONDS
+        return [view for at, view in self.creations.values() if at < horizon and view.uid not in seen]
 
 
 @dataclass
@@ -211,7 +216,10 @@ class Controller:
             # The CRD schema admits only valid jobs; this is an operator/CRD version skew.
             log.error("%s/%s is not a valid TrainingJob for this operator: %s", *key, error)
             return None
-        pods = state.expectations.pods(self.pods.get(key, ()))
+        indexed = self.pods.get(key, ())
+        if state.expectations.overdue(indexed):
+            await self._confirm_overdue(key[0], body["metadata"]["uid"], state, indexed)
+        pods = state.expectations.pods(indexed)
         service_exists = state.expectations.service or bool(self.services.get(key))
         now = datetime.now(UTC).replace(microsecond=0)
         uid = body["metadata"]["uid"]
@@ -290,6 +298,18 @@ class Controller:
             return kueue.Admission(Hold("WorkloadRefused", message), retry=True)
         message = f"created Workload {workload['metadata']['name']} in LocalQueue {kueue.queue_name(job)}"
         return kueue.Admission(Hold("WaitingForAdmission", message))
+
+    async def _confirm_overdue(self, namespace: str, uid: str, state: JobState, indexed: Collection[PodView]) -> None:
+        """Created pods the watch has not shown for a while are asked for, not presumed deleted:
+        under load a watch can lag a minute, and a pod taken for deleted restarts the gang."""
+        selector = f"{naming.LABEL_JOB_UID}={uid}"
+        found = await self.kube.list(f"/api/v1/namespaces/{namespace}/pods", {"labelSelector": selector})
+        there = {pod["metadata"]["uid"]: pod for pod in found.get("items") or []}
+        for view in state.expectations.overdue(indexed):
+            if view.uid in there:
+                state.expectations.created(there[view.uid])  # the watch is late, not the pod
+            else:
+                state.expectations.gone(view.uid)
 
     async def _reread(self, key: Key, state: JobState, stale: StaleView | None) -> float | None:
         """The cached job was out of date (`stale`: its status is behind its pods; else a

@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 from support.jobs import valid_job
 
 from kubetrain.api.models import TrainingJob
+from kubetrain.operator import controller as controller_module
 from kubetrain.operator import gang
 from kubetrain.operator.controller import LAST_APPLIED, Controller, JobState
 from kubetrain.operator.kube import ApiError, Refused
@@ -42,6 +43,9 @@ class FakeKube:
         self.served: set[str] = set()  # the PodGroup API versions discovery finds
         self.discoveries = 0
         self.deleted_collections: list[str] = []
+        self.lists: list[str] = []  # label selectors of the pod lists
+        self.vanished: set[str] = set()  # created pods a list no longer returns
+        self.deleted: list[str] = []
 
     async def serves(self, api_version: str, plural: str) -> bool:
         self.discoveries += 1
@@ -58,10 +62,7 @@ class FakeKube:
         self.created.append(name)
         self.bodies[name] = obj
         await self.gate.wait()
-        return {
-            **obj,
-            "metadata": {**obj["metadata"], "uid": f"uid-{name}", "creationTimestamp": "2026-01-01T12:00:00Z"},
-        }
+        return self.answer(obj)
 
     async def replace_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         self.version += 1
@@ -73,6 +74,23 @@ class FakeKube:
 
     async def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append((type_, reason))
+
+    async def delete_pod(self, namespace: str, name: str, uid: str | None) -> None:
+        self.deleted.append(name)
+
+    async def list(self, path: str, query: dict[str, str]) -> dict[str, Any]:
+        """The pods created and not `vanished`, as the API server would list them."""
+        self.lists.append(query["labelSelector"])
+        pods = [self.answer(b) for n, b in self.bodies.items() if b["kind"] == "Pod" and n not in self.vanished]
+        return {"items": pods}
+
+    @staticmethod
+    def answer(obj: dict[str, Any]) -> dict[str, Any]:
+        name = obj["metadata"]["name"]
+        return {
+            **obj,
+            "metadata": {**obj["metadata"], "uid": f"uid-{name}", "creationTimestamp": "2026-01-01T12:00:00Z"},
+        }
 
 
 def make(**spec: Any) -> tuple[Controller, FakeKube]:
@@ -103,6 +121,27 @@ def test_a_new_job_is_one_status_write_after_its_children() -> None:
     # Before any watch event arrived: the expectations hold the two pods and the Service.
     reconcile(controller)
     assert kube.created == ["j", "j-node-0", "j-node-1"] and len(kube.statuses) == 1
+
+
+@pytest.mark.parametrize("still_there", [True, False])
+def test_a_created_pod_the_watch_never_showed_is_asked_for_not_presumed_deleted(
+    monkeypatch: pytest.MonkeyPatch, still_there: bool
+) -> None:
+    """Under load a watch can lag past the expectations' timeout: the controller lists the
+    job's pods instead of taking a lagging pod for a deleted one (which restarts the gang)."""
+    controller, kube = make()
+    reconcile(controller)
+    monkeypatch.setattr(controller_module, "EXPECTATIONS_TIMEOUT_SECONDS", -1.0)
+    if not still_there:
+        kube.vanished = {"j-node-1"}
+    reconcile(controller)
+    assert kube.lists == ["kubetrain.dev/job-uid=job-uid"]
+    if still_there:  # the watch is late, not the pod: nothing recreated or restarted
+        assert kube.created == ["j", "j-node-0", "j-node-1"]
+        assert sorted(controller.jobs[KEY].expectations.creations) == ["uid-j-node-0", "uid-j-node-1"]
+        assert len(kube.statuses) == 1 and kube.deleted == []
+    else:  # really gone: the gang restarts
+        assert kube.deleted == ["j-node-0"] and kube.statuses[-1]["failures"][0]["reason"] == "PodDeleted"
 
 
 def test_the_held_job_drops_managed_fields_and_the_last_applied_copy() -> None:
