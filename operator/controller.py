@@ -94,6 +94,15 @@ class Expectations:
         views = [*seen.values(), *(view for _, view in self.creations.values())]
         return [replace(p, terminating=True) if p.uid in self.deletions else p for p in views]
 
+    def confirmed(self, view: PodView) -> bool:
+        """Whether the watch shows a pod exactly as this controller created it: then the view a
+        reconcile reads is unchanged (the pod moves from here to the index) and none is due."""
+        entry = self.creations.get(view.uid)
+        if entry is None or entry[1] != view:
+            return False
+        del self.creations[view.uid]
+        return True
+
     def gone(self, uid: str) -> None:
         self.deletions.discard(uid)
         self.creations.pop(uid, None)
@@ -156,20 +165,27 @@ class Controller:
         self.pods, self.services = pods, services
 
     def job_seen(self, body: dict[str, Any]) -> None:
-        self.queue.add(self._remember(body))
+        key, newer = self._remember(body)
+        # Not newer: the watch echoes a status this controller wrote (and holds since), or an
+        # older version; a reconcile has seen this job as it is (client-go's controllers skip
+        # an update of the same resourceVersion likewise).
+        if newer:
+            self.queue.add(key)
 
-    def _remember(self, body: dict[str, Any]) -> Key:
-        """Keep the newest body; a job recreated under the same name starts a new state."""
+    def _remember(self, body: dict[str, Any]) -> tuple[Key, bool]:
+        """Keep the newest body; a job recreated under the same name starts a new state.
+        Whether the body held changed."""
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
-        body = _held(body)
         state = self.jobs.get(key)
         if state is None or state.body["metadata"].get("uid") != body["metadata"].get("uid"):
             if state is not None:
                 _count_phase(state, None)
-            self.jobs[key] = JobState(body)
-        elif _rv(body) >= _rv(state.body):
-            state.body = body
-        return key
+            self.jobs[key] = JobState(_held(body))
+        elif _rv(body) > _rv(state.body):
+            state.body = _held(body)
+        else:
+            return key, False
+        return key, True
 
     def job_deleted(self, key: Key) -> None:
         state = self.jobs.pop(key, None)
@@ -177,24 +193,31 @@ class Controller:
             _count_phase(state, None)
         self.queue.forget(key)
 
-    def pod_changed(self, key: Key, gone_uid: str | None = None) -> None:
+    def pod_changed(self, key: Key, uid: str, view: PodView | None) -> None:
+        """The informer's news of one of the job's pods (`view` None: gone from the job)."""
         state = self.jobs.get(key)
         if state is None:
             return
-        if gone_uid is not None:
-            state.expectations.gone(gone_uid)
+        if view is None:
+            state.expectations.gone(uid)
+        elif state.expectations.confirmed(view):
+            return  # the ADDED of a pod this controller created: four per new job, none news
         self.queue.add(key)
 
     def workload_changed(self, key: Key) -> None:
         if key in self.jobs:
             self.queue.add(key)
 
-    def service_changed(self, key: Key, gone: bool = False) -> None:
+    def service_changed(self, key: Key, uid: str, name: str | None) -> None:
+        """The informer's news of the job's Service (`name` None: gone). Only its existence is
+        read, so the watch showing the one this controller created is no news."""
         state = self.jobs.get(key)
         if state is None:
             return
-        if gone:
+        if name is None:
             state.expectations.service = False
+        elif state.expectations.service:
+            return
         self.queue.add(key)
 
     # --- reconcile ----------------------------------------------------------------------

@@ -19,7 +19,7 @@ them with the job, and the operator never blocks a deletion.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, cast
 
 import aiohttp
@@ -71,7 +71,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # and the queue coalesces bursts itself.
     settings.batching.batch_window = 0.01
     pods = Informer(controller.kube, "pods", namespaces, PodView.from_pod, controller.pod_changed)
-    services = Informer(controller.kube, "services", namespaces, _name, _service_changed(controller))
+    services = Informer(controller.kube, "services", namespaces, _name, controller.service_changed)
     try:
         await asyncio.gather(pods.list(), services.list())
     except (ApiError, aiohttp.ClientError, TimeoutError) as error:
@@ -99,10 +99,6 @@ async def trainingjob_event(
 
 def _name(service: dict[str, Any]) -> str:
     return str(service["metadata"]["name"])
-
-
-def _service_changed(controller: Controller) -> Callable[[tuple[str, str], str | None], None]:
-    return lambda key, gone_uid: controller.service_changed(key, gone=gone_uid is not None)
 
 
 # Kueue's Workloads of queued jobs (operator/kueue.py): an admission or eviction wakes the

@@ -3,8 +3,9 @@
 kopf watched them until issue 15: per event it wakes (or starts) a worker task per object,
 batches, builds a Body and a logger, and runs the handlers; with 200 jobs x 4 nodes arriving
 at once that was 41 % of the operator's CPU (benchmarks/results/operator_profile.json). Here
-an event is one JSON decode, one cache update and a `WorkQueue.add` (through the controller's
-pod_changed/service_changed). kopf still owns the TrainingJob watch.
+an event is one JSON decode, one cache update and, when what the cache keeps changed, a call of
+the controller's pod_changed/service_changed (which skips what it expected: its own creations).
+kopf still owns the TrainingJob watch.
 
 The cache (`Index`, by (namespace, job)) is filled by a list in kopf's startup handler, which
 kopf finishes before it watches TrainingJobs: a restarted operator never mistakes "not in my
@@ -34,7 +35,7 @@ from kubetrain.operator.kube import ApiError, Kube
 log = logging.getLogger("kubetrain.operator")
 Key = tuple[str, str]  # (namespace, job name)
 Extract = Callable[[dict[str, Any]], Any]  # an object -> what the cache keeps of it
-Notify = Callable[[Key, "str | None"], None]  # (its job, the uid of a deleted object)
+Notify = Callable[[Key, str, Any], None]  # (its job, its uid, what the cache keeps of it; None: gone from that job)
 SELECTOR = naming.LABEL_JOB  # every child carries it: the label's presence selects them
 PAGE = 500
 WATCH_SECONDS = 300.0
@@ -72,6 +73,10 @@ class Index(Mapping[Key, Collection[Any]]):
             if not children:
                 del self._by_job[key]
         return key
+
+    def holds(self, key: Key, uid: str, value: Any) -> bool:
+        """Whether the cache keeps exactly `value` for this child of `key` already."""
+        return self._job_of.get(uid) == key and self._by_job[key][uid] == value
 
     def uids(self, namespace: str | None) -> set[str]:
         return {uid for uid, key in self._job_of.items() if namespace is None or key[0] == namespace}
@@ -114,7 +119,7 @@ class Informer:
         for uid in self.index.uids(scope) - listed:  # deleted while nobody watched
             key = self.index.drop(uid)
             if key is not None:
-                self.notify(key, uid)
+                self.notify(key, uid, None)
 
     async def run(self) -> None:
         """Watch every scope until cancelled (call `list` first)."""
@@ -161,9 +166,12 @@ class Informer:
         if kind == "DELETED" or job is None or not self.admits(namespace):
             gone = self.index.drop(uid)
             if gone is not None:
-                self.notify(gone, uid)
+                self.notify(gone, uid, None)
             return
-        previous = self.index.put((namespace, job), uid, self.extract(obj))
+        key, kept = (namespace, job), self.extract(obj)
+        if self.index.holds(key, uid, kept):
+            return  # changed where the cache keeps nothing (an IP, an annotation): no news
+        previous = self.index.put(key, uid, kept)
         if previous is not None:
-            self.notify(previous, uid)
-        self.notify((namespace, job), None)
+            self.notify(previous, uid, None)
+        self.notify(key, uid, kept)

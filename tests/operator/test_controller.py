@@ -1,10 +1,12 @@
 """The controller's apply step against a recording fake of kube.py: what it writes for a new
-job, that its expectations stop a second creation before the watch catches up, and how a
-refused creation is retried (backoff, one event, the successes of the same pass kept)."""
+job, that its expectations stop a second creation before the watch catches up, that the
+watches echoing its own writes wake no reconcile, and how a refused creation is retried
+(backoff, one event, the successes of the same pass kept)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -121,6 +123,30 @@ def test_a_new_job_is_one_status_write_after_its_children() -> None:
     # Before any watch event arrived: the expectations hold the two pods and the Service.
     reconcile(controller)
     assert kube.created == ["j", "j-node-0", "j-node-1"] and len(kube.statuses) == 1
+
+
+def test_the_watches_echoing_what_the_controller_wrote_wake_no_reconcile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new job's watches show its pods, its Service and its status write just as the
+    controller made them: none is news (a reconcile would decide the same), so none wakes
+    one; a change it did not make does."""
+    controller, kube = make()
+    reconcile(controller)
+    state = controller.jobs[KEY]
+    woken: list[tuple[str, str]] = []
+    monkeypatch.setattr(controller.queue, "add", lambda key, delay=0.0: woken.append(key))
+    views = {name: PodView.from_pod(kube.answer(kube.bodies[name])) for name in ("j-node-0", "j-node-1")}
+    for view in views.values():
+        controller.pod_changed(KEY, view.uid, view)
+    controller.service_changed(KEY, "uid-j", "j")
+    controller.job_seen(json.loads(json.dumps(state.body)))  # the echo of the status write
+    assert woken == [] and state.expectations.creations == {}
+    controller.pod_changed(KEY, "uid-j-node-0", dataclasses.replace(views["j-node-0"], phase="Running"))
+    controller.service_changed(KEY, "uid-j", None)
+    edited = json.loads(json.dumps(state.body))
+    edited["metadata"]["resourceVersion"] = "3"
+    controller.job_seen(edited)
+    assert woken == [KEY, KEY, KEY]
+    assert state.body["metadata"]["resourceVersion"] == "3"
 
 
 @pytest.mark.parametrize("still_there", [True, False])

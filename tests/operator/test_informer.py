@@ -57,7 +57,7 @@ def page(items: list[dict[str, Any]], rv: str, more: str | None = None) -> dict[
     return {"items": items, "metadata": {"resourceVersion": rv, **({"continue": more} if more else {})}}
 
 
-Told = list[tuple[tuple[str, str], str | None]]
+Told = list[tuple[tuple[str, str], str, str | None]]  # (job, uid, what the cache keeps; None: gone)
 
 
 def _path(namespace: str) -> str:
@@ -71,7 +71,7 @@ def make(kube: FakeKube, namespaces: tuple[str, ...] = ("ns",)) -> tuple[Informe
         "pods",
         namespaces,
         lambda obj: obj["metadata"]["name"],
-        lambda key, gone: told.append((key, gone)),
+        lambda key, uid, kept: told.append((key, uid, kept)),
     )
     return informer, told
 
@@ -101,14 +101,14 @@ def test_a_paginated_list_fills_the_index_and_the_watch_starts_at_its_version() 
     assert [q.get("continue") for _, q in kube.listed] == [None, "next"]
     assert kube.listed[0][1]["labelSelector"] == naming.LABEL_JOB
     assert kube.watched == [(_path("ns"), {"labelSelector": naming.LABEL_JOB, "resourceVersion": "7"})]
-    assert told == [(("ns", "a"), None), (("ns", "b"), None)]
+    assert told == [(("ns", "a"), "uid-a-0", "a-0"), (("ns", "b"), "uid-b-0", "b-0")]
 
 
 def test_watch_events_update_the_index_and_tell_the_jobs() -> None:
     relabelled = child("a-1", "b", rv="13")
     events = [
         event("ADDED", child("a-1", "a", rv="11")),
-        event("MODIFIED", child("a-0", "a", rv="12")),
+        event("MODIFIED", child("a-0", "a", rv="12")),  # nothing the cache keeps changed: no news
         event("MODIFIED", relabelled),  # moved to job b: both jobs hear of it
         event("DELETED", child("a-0", "a", rv="14")),
         event("BOOKMARK", {"metadata": {"resourceVersion": "20"}}),
@@ -118,11 +118,10 @@ def test_watch_events_update_the_index_and_tell_the_jobs() -> None:
     run(informer, kube)
     assert cached(informer.index) == {("ns", "b"): ["a-1"]}
     assert told[1:] == [
-        (("ns", "a"), None),
-        (("ns", "a"), None),
-        (("ns", "a"), "uid-a-1"),
-        (("ns", "b"), None),
-        (("ns", "a"), "uid-a-0"),
+        (("ns", "a"), "uid-a-1", "a-1"),
+        (("ns", "a"), "uid-a-1", None),
+        (("ns", "b"), "uid-a-1", "a-1"),
+        (("ns", "a"), "uid-a-0", None),
     ]
     # The server ended the watch: the next one resumes from the bookmark, not from the list.
     assert [q["resourceVersion"] for _, q in kube.watched] == ["10", "20"]
@@ -132,7 +131,7 @@ def test_a_child_that_loses_its_job_label_is_gone() -> None:
     kube = FakeKube([page([child("a-0", "a")], "1")], [[event("MODIFIED", child("a-0", None, rv="2"))]])
     informer, told = make(kube)
     run(informer, kube)
-    assert cached(informer.index) == {} and told[-1] == (("ns", "a"), "uid-a-0")
+    assert cached(informer.index) == {} and told[-1] == (("ns", "a"), "uid-a-0", None)
 
 
 @pytest.mark.parametrize(
@@ -148,7 +147,7 @@ def test_an_expired_watch_lists_again_and_notices_what_was_deleted_meanwhile(gon
     informer, told = make(kube)
     run(informer, kube)
     assert cached(informer.index) == {("ns", "a"): ["a-1"]}
-    assert (("ns", "a"), "uid-a-0") in told
+    assert (("ns", "a"), "uid-a-0", None) in told
     assert [q["resourceVersion"] for _, q in kube.watched] == ["1", "60"]
 
 
