@@ -40,6 +40,7 @@ def test_operator_latency_benchmark_runs(control_plane: ControlPlane, tmp_path: 
     (run,) = result["runs"]
     assert run["operator"] == "kubetrain" and run["children_per_job"] == 3
     assert run["latency_s"]["p50"] > 0 and run["api_writes_per_job"] > 0 and run["operator_cpu_s"] > 0
+    assert run["warm_up_s"] > 0  # the warm-up job ran before the burst, outside its figures
     assert result["summary"]["by_operator"]["kubetrain"]["per_run"]["p50_s"] == [run["latency_s"]["p50"]]
 
 
