@@ -91,13 +91,13 @@ def measure_one(cp: Any, peer: Peer, jobs: int, nodes: int) -> dict[str, Any]:
     peer.start(cp, ns, log_path)
     try:
         with cp.api_client() as api, measure.ChildWatch(api, ns, peer.job_label) as children:
-            warm_up = warm_up_s(cp, api, peer, ns, nodes, children)
+            warm_up = warm_up_s(api, peer, ns, nodes, children)
             before, cpu_before = measure.server_writes(cp), measure.cpu_seconds(peer.pid())
             started = time.perf_counter()
             created_at = measure.create_jobs(api, peer, ns, names, nodes)
             create_wall = time.perf_counter() - started
             children.wait(names, lambda _: expected, 60 + jobs * nodes * 0.5)
-            settle(cp, peer, ns)
+            settle(api, peer, ns)
             writes = measure.settled_writes(cp, before)
             cpu = measure.cpu_seconds(peer.pid()) - cpu_before
             rss = measure.rss_mib(peer.pid())
@@ -139,25 +139,26 @@ def measure_one(cp: Any, peer: Peer, jobs: int, nodes: int) -> dict[str, Any]:
     }
 
 
-def warm_up_s(cp: Any, api: Any, peer: Peer, ns: str, nodes: int, children: measure.ChildWatch) -> float:
+def warm_up_s(api: Any, peer: Peer, ns: str, nodes: int, children: measure.ChildWatch) -> float:
     """One job through to its Created condition, before the measured burst: the seconds from
     its create request to its last child seen (the operator's start-up included)."""
     created_at = measure.create_jobs(api, peer, ns, [WARM_UP], nodes)[WARM_UP]
     children.wait([WARM_UP], lambda _: peer.children_per_job(nodes), 120)
-    settle(cp, peer, ns)
+    settle(api, peer, ns)
     return round(max(children.children(WARM_UP).values()) - created_at, 3)
 
 
-def settle(cp: Any, peer: Peer, ns: str) -> None:
+def settle(api: Any, peer: Peer, ns: str) -> None:
     """Wait for every job's Created condition (both operators set one) so that the writes
-    counted include the status writes that follow the children."""
+    counted include the status writes that follow the children. Polls on the benchmark's one
+    client: a new client per poll would add a TLS handshake to the API server's load each time."""
     from kubernetes import client
 
     (group, version, plural), _ = peer.job("x", 1)
+    custom = client.CustomObjectsApi(api)
 
     def created() -> bool:
-        with cp.api_client() as api:
-            listed = client.CustomObjectsApi(api).list_namespaced_custom_object(group, version, ns, plural)
+        listed = custom.list_namespaced_custom_object(group, version, ns, plural)
         return all(
             any(c["type"] == "Created" for c in (j.get("status") or {}).get("conditions") or [])
             for j in listed["items"]
