@@ -47,10 +47,12 @@ RESERVED_ENV = frozenset(
     )
 )
 RESERVED_ENV_PREFIX = "KUBETRAIN_"
+# The fault-injection drill (trainer/faults.py): the one KUBETRAIN_* name a job's env may set.
+FAULT_ENV = "KUBETRAIN_FAULT"
 
 
 def is_reserved(name: str) -> bool:
-    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX)
+    return name in RESERVED_ENV or (name.startswith(RESERVED_ENV_PREFIX) and name != FAULT_ENV)
 
 
 def rendezvous_env(

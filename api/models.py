@@ -23,7 +23,7 @@ from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_v
 from pydantic.config import JsonDict
 
 from kubetrain.api import naming
-from kubetrain.api.contract import RESERVED_ENV, RESERVED_ENV_PREFIX, is_reserved
+from kubetrain.api.contract import FAULT_ENV, RESERVED_ENV, RESERVED_ENV_PREFIX, is_reserved
 from kubetrain.api.podtemplate import SPEC_RULES as TEMPLATE_RULES
 from kubetrain.api.podtemplate import PodTemplate
 from kubetrain.api.podtemplate import problems as template_problems
@@ -133,7 +133,8 @@ class EnvVar(StrictModel):
         if is_reserved(name):
             raise ValueError(
                 f"{name!r} is reserved: kubetrain sets the rendezvous variables "
-                f"({', '.join(sorted(RESERVED_ENV))}) and every {RESERVED_ENV_PREFIX}* name itself"
+                f"({', '.join(sorted(RESERVED_ENV))}) and every {RESERVED_ENV_PREFIX}* name itself "
+                f"but {FAULT_ENV}"
             )
         return name
 
@@ -435,7 +436,10 @@ class TrainingJobSpec(StrictModel):
     env: list[EnvVar] | None = Field(
         None,
         max_length=128,
-        description="Extra environment. The rendezvous variables and KUBETRAIN_* names are reserved.",
+        description=(
+            "Extra environment. The rendezvous variables and KUBETRAIN_* names are reserved, but for "
+            f"{FAULT_ENV} (the fault-injection drill)."
+        ),
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["name"],
@@ -443,8 +447,9 @@ class TrainingJobSpec(StrictModel):
                 {
                     "rule": "self.all(e, !(e.name in "
                     + repr(sorted(RESERVED_ENV)).replace('"', "'")
-                    + f") && !e.name.startsWith('{RESERVED_ENV_PREFIX}'))",
-                    "message": "env may not set the rendezvous variables or KUBETRAIN_* names: kubetrain sets them",
+                    + f") && (!e.name.startsWith('{RESERVED_ENV_PREFIX}') || e.name == '{FAULT_ENV}'))",
+                    "message": f"env may not set the rendezvous variables or KUBETRAIN_* names but {FAULT_ENV}: "
+                    "kubetrain sets them",
                 }
             ],
         },

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import enum
 import sys
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated
 
@@ -86,6 +88,12 @@ def run(
     no_init_containers: Annotated[
         bool, typer.Option("--no-init-containers", help="Run a job with initContainers without them.")
     ] = False,
+    straggler_timeout: Annotated[
+        float | None,
+        typer.Option(
+            min=1, help="Seconds a node may run on after rank 0's done (work saved) before it is stopped [default: 90]."
+        ),
+    ] = None,
 ) -> None:
     """Run a TrainingJob locally: the operator's pods as processes, same env, same gang restarts.
 
@@ -98,10 +106,16 @@ def run(
         raise typer.Exit(2)
     from kubetrain.local.run import run_local
     from kubetrain.local.volumes import LocalChoices
+    from kubetrain.operator.decision import DEFAULT_POLICY
 
     choices = LocalChoices(tuple(volume or ()), no_image=no_image, no_init_containers=no_init_containers)
+    policy = DEFAULT_POLICY
+    if straggler_timeout is not None:
+        policy = replace(policy, straggler_timeout=timedelta(seconds=straggler_timeout))
     raise typer.Exit(
-        run_local(file, nodes=nodes, gpus_per_node=gpus_per_node, run_dir=run_dir, netns=netns, choices=choices)
+        run_local(
+            file, nodes=nodes, gpus_per_node=gpus_per_node, run_dir=run_dir, netns=netns, choices=choices, policy=policy
+        )
     )
 
 
@@ -203,6 +217,14 @@ def operator_(
             help="Seconds a pod may wait in ImagePullBackOff/CrashLoopBackOff before the gang restarts.",
         ),
     ] = 300.0,
+    straggler_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar="KUBETRAIN_STRAGGLER_TIMEOUT_SECONDS",
+            min=1,
+            help="Seconds a pod may run on after rank 0's done (work saved) before it is deleted and the job succeeds.",
+        ),
+    ] = 90.0,
     progress_interval: Annotated[
         float,
         typer.Option(
@@ -237,6 +259,7 @@ def operator_(
         namespaces=tuple(n.strip() for n in namespaces.split(",") if n.strip()),
         render=RenderSettings(cluster_domain=cluster_domain, default_image=trainer_image),
         stuck_timeout_seconds=stuck_timeout,
+        straggler_timeout_seconds=straggler_timeout,
         progress_interval_seconds=progress_interval,
         metrics_port=metrics_port,
         health_port=health_port,

@@ -8,6 +8,7 @@ and applied by `localize_env`; `resolve_env` emulates the pod fields a `fieldRef
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from collections.abc import Collection, Mapping, Sequence
@@ -25,6 +26,9 @@ class LocalRunError(ValueError):
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+PYTHONPATH = "PYTHONPATH"
+# A sitecustomize that loads kubetrain.trainer.torchrun_hooks: what the trainer image's .pth does.
+SITE_DIR = Path(__file__).resolve().parent / "site"
 SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 # The whole difference between a node's pod on a cluster and its process here.
@@ -38,6 +42,11 @@ LOCAL_REWRITES: tuple[tuple[str, str], ...] = (
     (CUDA_VISIBLE_DEVICES, "node i gets GPUs [i*gpusPerNode, (i+1)*gpusPerNode) of the visible ones; '' on CPU"),
     (OMP_NUM_THREADS, "the machine's cores shared among all processes (unless set in spec.env)"),
     (PYTHONUNBUFFERED, "1: output is a pipe read line by line"),
+    (
+        PYTHONPATH,
+        "kubetrain's torchrun hooks first (clean exits for any script, as the trainer image's .pth gives a pod), "
+        "then the job's or your own",
+    ),
     (
         ", ".join(SOCKET_IFNAME_VARS),
         "--netns only: the namespace's interface (gloo/NCCL pick the address of the hostname, "
@@ -85,11 +94,13 @@ def localize_env(
     cuda_visible_devices: str,
     threads_per_process: int,
     socket_ifname: str | None = None,
+    inherited_pythonpath: str | None = None,
 ) -> tuple[dict[str, str], dict[str, tuple[str | None, str]]]:
     """The one place a rendered env is changed for a local run (see LOCAL_REWRITES).
 
-    `master_addr` None keeps the rendered DNS name (--netns resolves it). Returns the new env
-    and what changed: name -> (rendered value, local value).
+    `master_addr` None keeps the rendered DNS name (--netns resolves it). `inherited_pythonpath`:
+    this process's PYTHONPATH, kept after the job's own. Returns the new env and what changed:
+    name -> (rendered value, local value).
     """
     local = dict(env)
     rewrites: dict[str, str] = {}
@@ -109,6 +120,8 @@ def localize_env(
     if OMP_NUM_THREADS not in env:
         rewrites[OMP_NUM_THREADS] = str(threads_per_process)
     rewrites[PYTHONUNBUFFERED] = "1"
+    paths = [str(SITE_DIR), env.get(PYTHONPATH, ""), inherited_pythonpath or ""]
+    rewrites[PYTHONPATH] = os.pathsep.join(p for p in paths if p)
     if socket_ifname is not None:
         rewrites.update(dict.fromkeys(SOCKET_IFNAME_VARS, socket_ifname))
     changed = {name: (env.get(name), value) for name, value in rewrites.items() if env.get(name) != value}

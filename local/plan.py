@@ -144,6 +144,7 @@ class LocalPlan:
                 cuda_visible_devices=self.devices[rank],
                 threads_per_process=self.threads_per_process(),
                 socket_ifname=self.socket_ifname,
+                inherited_pythonpath=os.environ.get("PYTHONPATH"),
             )
             # As the kubelet does, with the local values: env values first, then command and args.
             env = expand_env(env, [entry["name"] for entry in entries if "valueFrom" not in entry])

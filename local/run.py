@@ -19,6 +19,7 @@ from kubetrain.local.result import EXIT_BAD_INPUT, EXIT_FAILED
 from kubetrain.local.supervisor import NodeStartError, Supervisor
 from kubetrain.local.view import make_view
 from kubetrain.local.volumes import NO_CHOICES, LocalChoices, UnmappableError
+from kubetrain.operator.decision import DEFAULT_POLICY, Policy
 
 
 def run_local(
@@ -29,6 +30,7 @@ def run_local(
     run_dir: Path | None = None,
     netns: bool = False,
     choices: LocalChoices = NO_CHOICES,
+    policy: Policy = DEFAULT_POLICY,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
@@ -59,7 +61,7 @@ def run_local(
         if run_dir is None:
             plan = replace(plan, run_dir=claim_run_dir(plan.run_dir))
         write_run_files(plan, plan.nodes(attempt=0, master_port=plan.job.spec.master_port))
-        return supervise(plan, out, err)
+        return supervise(plan, out, err, policy)
 
 
 def in_namespaces(plan: LocalPlan, stack: contextlib.ExitStack) -> LocalPlan:
@@ -76,7 +78,7 @@ def in_namespaces(plan: LocalPlan, stack: contextlib.ExitStack) -> LocalPlan:
     )
 
 
-def supervise(plan: LocalPlan, out: TextIO, err: TextIO) -> int:
+def supervise(plan: LocalPlan, out: TextIO, err: TextIO, policy: Policy = DEFAULT_POLICY) -> int:
     """Run the gang to its end, then the plot and the summary; returns the exit code."""
     view = make_view(out)
     try:
@@ -84,7 +86,7 @@ def supervise(plan: LocalPlan, out: TextIO, err: TextIO) -> int:
         for line in plan.volumes.describe(plan.run_dir):
             view.notice(line)
         try:
-            result = Supervisor(plan, view).run()
+            result = Supervisor(plan, view, policy=policy).run()
         except NodeStartError as error:
             view.close()
             print(f"error: {error}", file=err)

@@ -36,6 +36,7 @@ from kubetrain.api.records import fold, parse_record
 from kubetrain.local.plan import LocalPlan, NodeProcess
 from kubetrain.local.processes import ProcessTree, note_groups, stop, subreaper
 from kubetrain.local.result import RunResult
+from kubetrain.operator.decision import DEFAULT_POLICY
 from kubetrain.operator.status import Decision, PodView, Policy, decide, is_true
 
 # How often the process groups under each node are noted (a scan of /proc).
@@ -108,8 +109,11 @@ class _Node:
 
 
 class Supervisor:
-    def __init__(self, plan: LocalPlan, view: RunView, *, grace_s: float = 10.0) -> None:
+    def __init__(
+        self, plan: LocalPlan, view: RunView, *, grace_s: float = 10.0, policy: Policy = DEFAULT_POLICY
+    ) -> None:
         self.plan = plan
+        self.policy = policy
         self.view = view
         self.grace_s = grace_s
         self.job = plan.job.model_copy(update={"status": TrainingJobStatus()})
@@ -199,7 +203,7 @@ class Supervisor:
         # Its last lines (a `done` record, the error of a failed node) before its pod view.
         self._drain(exited, READ_TAIL_S)
         pods = [node.view(self.plan.uid) for node in self.nodes.values()]
-        self._apply(decide(self.job, self.plan.uid, pods, True, now, Policy()))
+        self._apply(decide(self.job, self.plan.uid, pods, True, now, self.policy))
 
     def _apply(self, decision: Decision) -> None:
         """As the operator applies a Decision: the status first, then deletes, then creates."""

@@ -15,6 +15,10 @@ class Policy:
     """Operator-wide knobs that are not part of a job's spec."""
 
     stuck_timeout: timedelta = timedelta(minutes=5)
+    # The straggler rule (status._stragglers): how long after rank 0's `done` a rank may still
+    # run before its pod is deleted and the job succeeds without it. Clean exits take seconds;
+    # node 0 itself waits up to 60 s in its exit barrier for the other nodes' agents.
+    straggler_timeout: timedelta = timedelta(seconds=90)
     # The PodGroup API versions the cluster serves (operator/gang.py; the operator's
     # discovery); None where no scheduler places the pods (the local runner).
     group_apis: frozenset[str] | None = None

@@ -15,6 +15,7 @@ class OperatorSettings:
     namespaces: tuple[str, ...] = ()
     render: RenderSettings = field(default_factory=RenderSettings)
     stuck_timeout_seconds: float = 300.0
+    straggler_timeout_seconds: float = 90.0
     # How often rank 0's log is read for status.progress while a job runs.
     progress_interval_seconds: float = 15.0
     progress_tail_lines: int = 200
@@ -28,4 +29,7 @@ class OperatorSettings:
 
     @property
     def policy(self) -> Policy:
-        return Policy(stuck_timeout=timedelta(seconds=self.stuck_timeout_seconds))
+        return Policy(
+            stuck_timeout=timedelta(seconds=self.stuck_timeout_seconds),
+            straggler_timeout=timedelta(seconds=self.straggler_timeout_seconds),
+        )

@@ -12,7 +12,7 @@ the README repeats, stand beside the stages that implement them.)
 
 `decide` is a dispatcher over named stages, each returning the Decision once it decided:
 finished (cleanup, TTL) → suspend → resume → gang mode (operator/gang.py) → first problem →
-restart-or-fail → success → timeouts → stalled → placement (PodsScheduled) → converge (create
+restart-or-fail → success → stragglers → timeouts → stalled → placement (PodsScheduled) → converge (create
 what is missing, delete older attempts).
 
 Definitions the README repeats:
@@ -32,6 +32,9 @@ Definitions the README repeats:
     lastCheckpoint holds at least that step, a gang failure does not rerun the job: it
     succeeds at once with reason CompletedBeforeFailure, the failure named in the message
     (not recorded in failures[]; the pods still running are cleaned up by cleanPodPolicy).
+  * Straggler rule, beside it: when the work is saved the same way but pods of the attempt
+    still run `Policy.straggler_timeout` after doneAt, the job succeeds with reason
+    CompletedWithStragglers, those pods named (condition and a Straggler Event) and deleted.
   * Failure policy (`failures.judge`): runPolicy.failurePolicy.rules in order, then the
     defaults (a disruption restarts without counting), then RestartJob. FailJob fails with
     reason FailurePolicy, the rule named in the message.
@@ -169,6 +172,9 @@ def decide(
         return _restart_or_fail(run, problem, service_exists)
     if _gang_succeeded(run):
         return _finish(run, True, "AllNodesSucceeded", f"all {job.spec.nodes} nodes exited 0")
+    stragglers = _stragglers(run)
+    if stragglers is not None:
+        return stragglers
     timed_out = _timed_out(run)
     if timed_out is not None:
         return _finish(run, False, *timed_out)
@@ -306,6 +312,33 @@ def _restart_or_fail(run: _Pass, problem: Problem, service_exists: bool) -> Deci
 def _gang_succeeded(run: _Pass) -> bool:
     ranks = _by_rank(run.current)
     return bool(run.current) and len(ranks) == run.job.spec.nodes and all(p.phase == "Succeeded" for p in run.current)
+
+
+def _stragglers(run: _Pass) -> Decision | None:
+    """The straggler rule: the work is saved (`completed`), yet pods of the attempt still run
+    `straggler_timeout` after rank 0's `done` (a rank hung in its teardown): succeed, name them
+    in the condition and a Warning Event, and delete their pods whatever cleanPodPolicy says,
+    so a finished job never holds its nodes."""
+    done, progress = completed(run.status), run.status.progress
+    if done is None or progress is None or progress.done_at is None:
+        return None
+    lingering = sorted((p for p in run.current if p.phase not in TERMINAL_PHASES), key=lambda p: p.rank or 0)
+    if not lingering:
+        return None
+    due = progress.done_at + run.policy.straggler_timeout
+    if run.now < due:
+        run.decision.requeue((due - run.now).total_seconds())
+        return None
+    seconds = int(run.policy.straggler_timeout.total_seconds())
+    names = ", ".join(f"node {p.rank} (pod {p.name})" for p in lingering)
+    still = (
+        f"{names} still running {seconds} s after done; {'its pod' if len(lingering) == 1 else 'their pods'} deleted"
+    )
+    run.decision.events.append(Event("Warning", "Straggler", still))
+    decision = _finish(run, True, "CompletedWithStragglers", f"{done}; {still}")
+    doomed = {name for name, _ in decision.delete_pods}
+    decision.delete_pods += [(p.name, p.uid) for p in lingering if p.name not in doomed]
+    return decision
 
 
 def _timed_out(run: _Pass) -> tuple[str, str] | None:

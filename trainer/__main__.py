@@ -3,18 +3,29 @@
 The configuration comes from `--config` (YAML or JSON, camelCase as in a TrainingJob) or
 else from the KUBETRAIN_CONFIG env var the operator renders. Exit status 0 on success, 1
 on any failure, 2 on a usage error; the error is logged on every rank that saw it.
+
+The process ends with `os._exit` once the outcome is known and its output flushed: after
+`finish` every rank has passed the last collective and rank 0's checkpoint and records are
+durable, so destructors have nothing left to do but can still hang or abort. torch before
+2.8 deadlocks in `~ProcessGroupGloo` (joining a gloo thread that waits for the GIL the
+destructor holds, pytorch/pytorch#56297, fixed by #154976), and after a failure a destroy
+waits for collectives in flight that no peer will finish. torchrun needs only the exit code.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from pydantic import ValidationError
 
 from kubetrain.api.training import TrainConfig
+from kubetrain.trainer import faults
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         config = TrainConfig.from_file(args.config) if args.config else TrainConfig.from_env()
+        faults.from_env_checked()
     except (OSError, ValidationError, ValueError) as exc:
         print(f"kubetrain trainer: invalid configuration: {exc}", file=sys.stderr)
         return 2
@@ -58,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 metrics.close()
         if args.command == "train":
             train(config, ctx)
-        kdist.finish(ctx)
+        kdist.finish(ctx, destroy=False)
         return 0
     except (kdist.ContractError, CheckpointError, PreflightError) as exc:
         log.error("%s", exc)
@@ -69,9 +81,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception:
         log.exception("training failed")
         return 1
-    finally:
-        kdist.teardown()
+
+
+def leave(code: int) -> NoReturn:
+    """End the process without running destructors (see the module docstring)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -276,17 +276,19 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-def finish(ctx: DistContext, *, hold_timeout_s: float = 60) -> None:
+def finish(ctx: DistContext, *, hold_timeout_s: float = 60, destroy: bool = True) -> None:
     """Successful end: every rank meets (after rank 0's last I/O), then tears down.
 
     Without the meeting a rank that finished first exits while its peers still use the
     connections. Only on success: after a failure some rank may never arrive, so failure
     paths call `teardown`. Under torchrun, node 0's processes then hold their agent back
-    (see `hold_agent_store`).
+    (see `hold_agent_store`). `destroy=False` leaves the group to a process that ends at
+    once with `leave` (the built-in trainer): nothing it would free matters then.
     """
     if dist.is_available() and dist.is_initialized():
         barrier(ctx)
-    teardown()
+    if destroy:
+        teardown()
     if ctx.agent_store is not None and not hold_agent_store(ctx.agent_store, os.environ, timeout_s=hold_timeout_s):
         log.warning("not every node's torchrun agent reached its exit barrier within %g s", hold_timeout_s)
 

@@ -24,6 +24,7 @@ from kubetrain.api.training import TrainConfig, TrainingSpec
 from kubetrain.trainer.checkpoint import Checkpointer
 from kubetrain.trainer.data import ShardedLoader, eval_loader, load_splits, sharded_loader
 from kubetrain.trainer.dist import DistContext
+from kubetrain.trainer.faults import FaultPoint
 from kubetrain.trainer.metrics import MetricsLogger, log
 from kubetrain.trainer.model import build_model
 
@@ -176,6 +177,7 @@ class Run:
     fingerprint: str
     steps_per_epoch: int
     total_steps: int
+    fault: FaultPoint  # KUBETRAIN_FAULT (drills and tests); inert without it
 
     def state_dict(self, state: TrainState) -> dict[str, Any]:
         return {
@@ -260,6 +262,7 @@ def build(config: TrainConfig, ctx: DistContext) -> Run:
         fingerprint=fingerprint,
         steps_per_epoch=steps_per_epoch,
         total_steps=total_steps,
+        fault=FaultPoint.from_env(rank, ckpt.dir),
     )
 
 
@@ -315,6 +318,7 @@ def train_epoch(run: Run, state: TrainState, window: LogWindow) -> bool:
     micro = run.loader.epoch(state.epoch, skip_batches=state.batch_in_epoch)
     while state.batch_in_epoch < batches_per_epoch and state.step < run.total_steps:
         window.add(train_step(run, micro, state))
+        run.fault.reached(state.step)
         time_vote = log_if_due(run, state, window)
         # The epoch-end save covers a save due on an epoch's last step.
         if state.batch_in_epoch < batches_per_epoch and run.checkpointer.due(state.step, time_vote=time_vote):

@@ -8,8 +8,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import psutil
 from support.jobs import fake_job, write_job
-from support.local_runs import finish_run, run_status, summary
+from support.local_runs import KUBETRAIN, finish_run, run_status, summary
 
 from kubetrain.api.models import TrainingJobStatus
 from kubetrain.operator.status import get_condition
@@ -102,3 +103,40 @@ def test_a_crash_after_the_final_checkpoint_and_done_does_not_rerun_the_job(tmp_
     assert "node 1 (pod fake-node-1) failed with exit code 134" in succeeded.message
     assert (status.attempt, status.restarts) == (0, 0)
     assert summary(tmp_path / "run")["nodeExitCodes"] == [0, -6]
+
+
+# Rank 0 records its final checkpoint and `done`, then exits 0; rank 1 never exits (a teardown
+# that hangs forever). The pid file lets the test check that the straggler's process is gone.
+STRAGGLER = textwrap.dedent(
+    """
+    import json, os, pathlib, time
+    if os.environ["NODE_RANK"] == "0":
+        now = time.time()
+        print(json.dumps({{"event": "checkpoint", "time": now, "step": 10, "path": "/ckpt/step-10"}}))
+        print(json.dumps({{"event": "done", "time": now, "step": 10, "total_steps": 10}}), flush=True)
+    else:
+        pathlib.Path({pid!r}).write_text(str(os.getpid()))
+        while True:
+            time.sleep(3600)
+    """
+)
+
+
+def test_a_rank_that_never_exits_after_done_is_stopped_and_the_job_succeeds(tmp_path: Path) -> None:
+    pid_file = tmp_path / "straggler.pid"
+    job_file = write_job(tmp_path, fake_job(STRAGGLER.format(pid=str(pid_file)), runPolicy={"maxRestarts": 3}))
+    done = subprocess.run(
+        [KUBETRAIN, "run", str(job_file), "--local", "--run-dir", str(tmp_path / "run"), "--straggler-timeout", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = run_status(tmp_path / "run")
+    succeeded = get_condition(status, "Succeeded")
+    assert succeeded is not None and succeeded.reason == "CompletedWithStragglers", status
+    assert "node 1 (pod fake-node-1) still running 3 s after done; its pod deleted" in succeeded.message
+    assert (status.attempt, status.restarts, status.failures) == (0, 0, None)
+    assert "Straggler: node 1 (pod fake-node-1)" in done.stdout
+    assert not psutil.pid_exists(int(pid_file.read_text())), "the straggler's process is gone"

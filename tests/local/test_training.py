@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -48,29 +49,29 @@ def test_readme_first_command_trains_the_cpu_example(tmp_path: Path) -> None:
     assert "Succeeded" in done.stdout and f"run dir       {Path('runs') / run_dir.name}" in done.stdout
 
 
-# The kill comes at the first checkpoint (step 20); the steps after it are the test's time to
-# react. At 120 steps a loaded machine saw rank 0 record `done` first, and the late-crash rule
-# then rightly ended the run Succeeded without a restart.
+# Node 1 hangs at step 25, after the first checkpoints (step 20; 22, the epoch end), by KUBETRAIN_FAULT: the kill
+# comes while the run is held there, so it can never race a run that already finished.
 KILL_JOB = {"epochs": 20, "maxSteps": 600, "logEverySteps": 5}
+HOLD = "hang,rank=1,step=25"
 
 
 def test_killing_a_node_restarts_the_gang_and_ends_with_the_same_weights(tmp_path: Path) -> None:
     job = digits_job(**KILL_JOB)
     job["spec"]["checkpoint"]["everySteps"] = 20
     job_file = write_job(tmp_path, job)
+    held = copy.deepcopy(job)
+    held["spec"]["env"] = [{"name": "KUBETRAIN_FAULT", "value": HOLD}]
+    held_file = write_job(tmp_path, held, "held.yaml")
 
     reference = start_run(job_file, tmp_path / "reference")
     out, _ = reference.communicate(timeout=300)
     assert reference.returncode == 0, out[-4000:]
 
     run_dir = tmp_path / "killed"
-    proc = start_run(job_file, run_dir)
-    wait_for(
-        lambda: next((r for r in records(run_dir) if r["event"] == "checkpoint" and r["step"] >= 20), None),
-        240,
-        "a checkpoint at step 20",
-        proc=proc,
-    )
+    proc = start_run(held_file, run_dir)
+    marker = run_dir / "checkpoints" / ".faults" / "hang-rank1-step25"
+    wait_for(marker.exists, 240, "node 1 held at step 25", proc=proc)
+    assert any(r["event"] == "checkpoint" and r["step"] == 20 for r in records(run_dir))
     total = records(run_dir)[-1]["total_steps"]
     os.kill(json.loads((run_dir / "pids.json").read_text())["pids"][1], signal.SIGKILL)
     out, _ = proc.communicate(timeout=300)
@@ -83,7 +84,8 @@ def test_killing_a_node_restarts_the_gang_and_ends_with_the_same_weights(tmp_pat
     first_attempt_steps = [r["step"] for r in metrics[:second]]
     assert metrics[0]["resumed_from"] is None and metrics[second]["resumed_from"]
     resumed = int(Path(metrics[second]["resumed_from"]).name.split("-")[1])
-    assert 20 <= resumed <= max(first_attempt_steps) < total, "killed mid-run, resumed from its last checkpoint"
+    saved = max(r["step"] for r in metrics[:second] if r["event"] == "checkpoint")
+    assert resumed == saved and max(first_attempt_steps) <= 25 < total, "killed while held, resumed from its last save"
 
     expected, got = final_state(tmp_path / "reference")["state"], final_state(run_dir)["state"]
     assert got["step"] == expected["step"] == total

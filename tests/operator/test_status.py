@@ -12,6 +12,7 @@ from support.pods import JOB_UID as UID
 from support.pods import T0, pod_view
 
 from kubetrain.api.models import LastCheckpoint, Progress, TrainingJob, TrainingJobStatus
+from kubetrain.operator.decision import DEFAULT_POLICY
 from kubetrain.operator.render import render_pod
 from kubetrain.operator.status import Decision, PodView, StaleView, decide, get_condition, is_true
 
@@ -384,6 +385,48 @@ def test_late_crash_without_done_and_final_checkpoint_restarts(done: bool, check
     job = with_progress(job, done=done, checkpoint=checkpoint)
     d = step(job, late_crash(job), T0 + timedelta(minutes=1))
     assert d.status.phase == "Restarting" and d.status.restarts == 1
+
+
+# --- the straggler rule ------------------------------------------------------------------------
+
+
+def straggling(job: TrainingJob) -> list[PodView]:
+    """Rank 0 exited 0 after done; ranks 1 and 2 never exit."""
+    return [
+        pod_view(job, 0, phase="Succeeded", exit_code=0),
+        pod_view(job, 1, phase="Running"),
+        pod_view(job, 2, phase="Running"),
+    ]
+
+
+@pytest.mark.parametrize("clean", ["Running", "None", "All"])
+def test_ranks_still_running_after_done_are_deleted_and_the_job_succeeds(clean: str) -> None:
+    job, _ = running_job(runPolicy={"cleanPodPolicy": clean})
+    job = with_progress(job)  # done at T0, checkpoint 100
+    due = T0 + DEFAULT_POLICY.straggler_timeout
+    waiting = step(job, straggling(job), due - timedelta(seconds=1))
+    assert waiting.status.phase == "Running" and waiting.delete_pods == []
+    assert waiting.requeue_after == pytest.approx(1.0)
+
+    d = step(job, straggling(job), due)
+    assert cond(d, "Succeeded") == ("True", "CompletedWithStragglers")
+    message = message_of(d, "Succeeded")
+    assert "rank 0 recorded done at step 100" in message
+    assert "node 1 (pod j-node-1), node 2 (pod j-node-2) still running 90 s after done; their pods deleted" in message
+    # Whatever cleanPodPolicy says, the stragglers go: a finished job must not hold its nodes.
+    assert {"j-node-1", "j-node-2"} <= {n for n, _ in d.delete_pods}
+    assert (d.status.attempt, d.status.restarts, d.status.failures) == (0, 0, None)
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", "Straggler"), ("Normal", "CompletedWithStragglers")]
+
+
+@pytest.mark.parametrize(
+    ("done", "checkpoint"), [(False, 100), (True, 90)], ids=["no-done-record", "final-checkpoint-missing"]
+)
+def test_no_straggler_rule_before_the_work_is_saved(done: bool, checkpoint: int) -> None:
+    job, _ = running_job()
+    job = with_progress(job, done=done, checkpoint=checkpoint)
+    d = step(job, straggling(job), T0 + timedelta(hours=1))
+    assert d.status.phase == "Running" and d.delete_pods == []
 
 
 # --- the failure policy -----------------------------------------------------------------------

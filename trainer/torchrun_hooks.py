@@ -1,0 +1,155 @@
+"""Clean exits for any script under torchrun, the script unchanged.
+
+Loaded at interpreter start-up — by the trainer image's `kubetrain-torchrun-hooks.pth` and, for
+`kubetrain run --local`, by the `sitecustomize` that the local runner puts on PYTHONPATH — and
+inert until torch's own modules are imported: importing this module imports nothing of torch.
+When they are, two of torch's exit races are closed where a user's script cannot close them:
+
+* Workers: `init_process_group` first imports `torch.distributed.nn`. Imported later (DDP's
+  construction does it), that module binds the default group into its functions' default
+  arguments for the life of the process, so a script's `destroy_process_group()` cannot free
+  the group and gloo's threads die at interpreter shutdown, racing peers that already left:
+  "terminate called without an active exception" (SIGABRT) after a run that trained to the
+  end. kubetrain.trainer.dist does the same import for the built-in trainer.
+* torchrun's agent: node 0's agent hosts the store that torchrun's exit barrier runs on and
+  exits the moment the barrier opens; an agent that opened it from another node still has a
+  request to make and logs "Error waiting on exit barrier" with a C++ trace
+  (pytorch/pytorch#69520). Here node 0's agent enters the barrier only once every other
+  agent waits in it (bounded by the barrier's own timeout), so the barrier opens on the
+  store's host. torchrun runs the exit barrier only after its workers succeeded.
+
+Both hooks use private torch names; a torch that renamed them gets a warning and torch's own
+behaviour, never a failure.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+log = logging.getLogger("kubetrain.torchrun_hooks")
+
+POLL_S = 0.05
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a callback right after a named module is first executed (a post-import hook)."""
+
+    def __init__(self, callbacks: dict[str, Callable[[ModuleType], None]]) -> None:
+        self.callbacks = callbacks
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        callback = self.callbacks.get(fullname)
+        if callback is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        del self.callbacks[fullname]
+        execute = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            execute(module)
+            try:
+                callback(module)
+            except Exception:  # a hook must never break the user's import
+                log.warning("kubetrain's torchrun hook for %s failed", fullname, exc_info=True)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _import_nn_before_init(module: ModuleType) -> None:
+    """torch.distributed.distributed_c10d loaded: wrap init_process_group (both bindings)."""
+    original = getattr(module, "init_process_group")  # noqa: B009
+    if getattr(original, "_kubetrain_hooked", False):
+        return
+
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        import torch.distributed.nn  # noqa: F401  (see the module docstring)
+
+        return original(*args, **kwargs)
+
+    init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+    init_process_group.__doc__ = original.__doc__
+    init_process_group._kubetrain_hooked = True  # type: ignore[attr-defined]
+    setattr(module, "init_process_group", init_process_group)  # noqa: B010  (mypy: torch is untyped here)
+    package = sys.modules.get("torch.distributed")
+    if package is not None and getattr(package, "init_process_group", None) is original:
+        setattr(package, "init_process_group", init_process_group)  # noqa: B010
+
+
+def _rebind_package(module: ModuleType) -> None:
+    """torch.distributed loaded: its `from .distributed_c10d import *` copied the unwrapped name."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    wrapped = getattr(c10d, "init_process_group", None)
+    if wrapped is not None and getattr(wrapped, "_kubetrain_hooked", False):
+        setattr(module, "init_process_group", wrapped)  # noqa: B010
+
+
+def wait_for_other_agents(store: Any, world: int, key: str, timeout_s: float) -> bool:
+    """On node 0: return once `world - 1` agents counted themselves in under `key` (True), or
+    after `timeout_s` (False)."""
+    deadline = time.monotonic() + timeout_s
+    while store.add(key, 0) < world - 1:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
+def _node0_enters_exit_barrier_last(module: ModuleType) -> None:
+    """torch.distributed.elastic.agent.server.api loaded: wrap SimpleElasticAgent._exit_barrier."""
+    agent_class = getattr(module, "SimpleElasticAgent", None)
+    sync_id = getattr(module, "_TERMINAL_STATE_SYNC_ID", None)
+    original = getattr(agent_class, "_exit_barrier", None)
+    store_utils = sys.modules.get("torch.distributed.elastic.utils.store")
+    members = getattr(store_utils, "_NUM_MEMBERS", None)
+    if agent_class is None or original is None or sync_id is None or members is None:
+        log.warning("this torch's elastic agent differs: torchrun's exit barrier is left as it is")
+        return
+
+    def _exit_barrier(self: Any) -> Any:
+        group = self._worker_group
+        if group.group_rank == 0 and group.group_world_size > 1:
+            key = f"{sync_id}{members}"
+            if not wait_for_other_agents(self._store, group.group_world_size, key, self._exit_barrier_timeout):
+                log.warning("not every torchrun agent reached the exit barrier within %s s", self._exit_barrier_timeout)
+        return original(self)
+
+    agent_class._exit_barrier = _exit_barrier
+
+
+HOOKS: dict[str, Callable[[ModuleType], None]] = {
+    "torch.distributed.distributed_c10d": _import_nn_before_init,
+    "torch.distributed": _rebind_package,
+    "torch.distributed.elastic.agent.server.api": _node0_enters_exit_barrier_last,
+}
+
+
+def install() -> None:
+    """Idempotent; a no-op for modules already imported (nothing of torch is, at start-up)."""
+    if any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
+        return
+    pending = {name: hook for name, hook in HOOKS.items() if name not in sys.modules}
+    if pending:
+        sys.meta_path.insert(0, _AfterImport(pending))
+
+
+install()
