@@ -3,17 +3,20 @@
 #   docker build --target operator -t kubetrain/operator:0.1.0 .
 #   docker build --target trainer  -t kubetrain/trainer:0.1.0 .                      # CUDA + NCCL
 #   docker build --target trainer  -t kubetrain/trainer:0.1.0-cpu \
-#     --build-arg TRAINER_BASE=python:3.11-slim-bookworm .                            # CPU only
+#     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu .              # CPU only
 # Both run as the numeric non-root user 10001 (the restricted Pod Security Standard checks
 # runAsNonRoot against a numeric UID). Plain `docker build` works: no BuildKit-only syntax.
 
 # The operator's base and the wheel builder's: any Python >= 3.11.
 ARG PYTHON_BASE=python:3.11-slim-bookworm
-# The trainer's base: PyTorch with CUDA, cuDNN and NCCL. For CPU-only images pass a plain
-# Python image; torch is then installed from TORCH_INDEX_URL.
-ARG TRAINER_BASE=pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime
-ARG TORCH_VERSION=2.7.1
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# The trainer's base: the same Python; torch comes from TORCH_INDEX_URL at TORCH_VERSION.
+ARG TRAINER_BASE=python:3.11-slim-bookworm
+# The torch the tests run (pyproject's dev extra pins the same version; tests/deploy checks
+# that the two and the tests' own torch agree): the image ships what was tested.
+ARG TORCH_VERSION=2.15.0
+# PyPI's Linux wheel is the CUDA build, with its CUDA, cuDNN and NCCL libraries as wheels;
+# https://download.pytorch.org/whl/cpu gives the CPU build (the `-cpu` tag).
+ARG TORCH_INDEX_URL=https://pypi.org/simple
 
 # --- wheel: the kubetrain package, built once for both images ---------------------------------
 FROM ${PYTHON_BASE} AS wheel
@@ -65,17 +68,18 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     MPLCONFIGDIR=/tmp/matplotlib
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY --from=wheel /wheels /tmp/wheels
-# The PyTorch base already has torch (CUDA build) and pip keeps it; a plain Python base gets the
-# pinned CPU build first, so the worker extra never pulls the CUDA wheels from PyPI.
+# torch first, from its index, so the worker extra finds it satisfied and pulls no other build.
+# The .pth loads kubetrain.trainer.torchrun_hooks in every Python of the image (inert until
+# torch.distributed is imported): clean exits for any script under torchrun, unmodified.
 # DL3013 reads "$1[worker]" as an unpinned package; it is the wheel built above.
 # hadolint ignore=DL3013
-RUN if ! python -c "import torch" 2>/dev/null; then \
-        pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}"; \
-    fi \
+RUN pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}" \
     && set -- /tmp/wheels/kubetrain-*.whl \
     && pip install --no-cache-dir "$1[worker]" \
     && rm -rf /tmp/wheels \
-    && python -c "import torch, kubetrain.trainer; print('torch', torch.__version__)" \
+    && echo "import kubetrain.trainer.torchrun_hooks" \
+       > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kubetrain-torchrun-hooks.pth" \
+    && python -c "import sys, torch, kubetrain.trainer; assert 'kubetrain.trainer.torchrun_hooks' in sys.modules; print('torch', torch.__version__)" \
     && command -v torchrun
 RUN groupadd --gid 10001 kubetrain \
     && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/kubetrain \

@@ -127,14 +127,13 @@ def test_operator_extra_has_no_torch_anywhere_in_its_closure() -> None:
 
 def test_trainer_target() -> None:
     args = build_args()
-    assert re.fullmatch(r"pytorch/pytorch:\d+\.\d+\.\d+-cuda[\d.]+-cudnn\d+-runtime", args["TRAINER_BASE"]), (
-        "the default trainer base is a pinned PyTorch CUDA (NCCL) runtime image"
-    )
-    assert args["TORCH_INDEX_URL"].endswith("/whl/cpu")
+    assert args["TRAINER_BASE"] == args["PYTHON_BASE"], "torch comes from TORCH_INDEX_URL, not from the base"
+    assert args["TORCH_INDEX_URL"] == "https://pypi.org/simple", "PyPI's Linux wheel is the CUDA (NCCL) build"
     trainer = stages()["trainer"]
     assert trainer[0][1].split()[0] == "${TRAINER_BASE}"
     runs = " ".join(rest for keyword, rest in trainer if keyword == "RUN")
-    assert "[worker]" in runs and "import torch" in runs
+    assert "[worker]" in runs and "torch.__version__" in runs and '"torch==${TORCH_VERSION}"' in runs
+    assert "kubetrain-torchrun-hooks.pth" in runs, "every Python of the image loads the torchrun hooks"
     workdirs = [rest for keyword, rest in trainer if keyword == "WORKDIR"]
     assert workdirs[-1] == "/opt/kubetrain", "relative commands such as examples/byo_train.py resolve here"
     assert ("COPY", "examples/ examples/") in trainer
@@ -155,3 +154,16 @@ def test_copied_paths_exist_and_are_not_dockerignored() -> None:
         for source in rest.split()[:-1]:
             assert (ROOT / source).exists(), f"COPY {source}: missing from the repository"
             assert source.rstrip("/") not in ignored, f"COPY {source} but .dockerignore excludes it"
+
+
+def test_the_image_ships_the_torch_the_tests_run() -> None:
+    """The image's torch, the dev extra's pin and the torch this test runs under are one version:
+    the image once shipped a torch (2.7.1) no test ran, and deadlocked at teardown in real pods."""
+    import torch
+
+    shipped = build_args()["TORCH_VERSION"]
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    pins = [str(r.specifier) for r in map(Requirement, dev) if r.name == "torch"]
+    tested = torch.__version__.split("+")[0]
+    assert pins == [f"=={shipped}"], f"pyproject's dev extra pins torch {pins}, the Dockerfile ships {shipped}"
+    assert tested == shipped, f"the tests run torch {tested}, the trainer image ships {shipped}: bump one of them"

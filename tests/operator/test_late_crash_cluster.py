@@ -19,6 +19,7 @@ from support.kubelet import FakeKubelet
 from support.kubelet_logs import KubeletLogs
 from support.objects import Cluster, condition, has_condition
 from support.operator_process import OperatorProcess
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -63,3 +64,38 @@ def test_a_crash_at_teardown_after_done_does_not_rerun_the_job(
     assert (status["attempt"], status["restarts"], status.get("failures")) == (0, 0, None)
     assert status["lastCheckpoint"]["step"] == 100 and status["progress"]["doneAt"]
     assert "GangRestart" not in [e.reason for e in cluster.events("late")]
+
+
+@pytest.fixture
+def short_straggler_timeout(crds_installed: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator, stopping ranks that still run 3 s after rank 0's done."""
+    proc = OperatorProcess(crds_installed.kubeconfig, tmp_path / "operator.log", namespaces=namespace)
+    proc.flags["straggler_timeout"] = 3
+    proc.start()
+    yield proc
+    proc.stop()
+    assert "Traceback" not in proc.log(), proc.log()[-5000:]
+
+
+def test_a_rank_still_running_after_done_is_deleted_and_the_job_succeeds(
+    cluster: Cluster, short_straggler_timeout: OperatorProcess, kube_api: Any, tmp_path: Path
+) -> None:
+    node = FakeKubelet(kube_api, node_name="kubetrain-log-node")
+    with KubeletLogs(node, tmp_path) as logs:
+        cluster.create_job("strag", nodes=2, runPolicy={"maxRestarts": 2, "cleanPodPolicy": "None"})
+        for pod in cluster.wait_pods("strag", 2, attempt=0):
+            node.run(cluster.namespace, pod.metadata.name)
+        logs.write("strag-node-0", record("checkpoint", 100, path="/ckpt/step-100"))
+        logs.write("strag-node-0", record("done", 100, loss=0.05))
+        node.succeed(cluster.namespace, "strag-node-0")
+        # strag-node-1 never ends: its trainer hangs in teardown.
+        job = cluster.wait_job("strag", has_condition("Succeeded"), "Succeeded")
+        # Deleted although cleanPodPolicy is None (no kubelet here confirms the deletion: it terminates).
+        wait_for(lambda: [p.metadata.name for p in cluster.live_pods("strag")] == ["strag-node-0"], 30, "deleted")
+    succeeded = condition(job, "Succeeded")
+    assert succeeded is not None and succeeded["reason"] == "CompletedWithStragglers", succeeded
+    assert "node 1 (pod strag-node-1) still running 3 s after done; its pod deleted" in succeeded["message"]
+    status = job["status"]
+    assert (status["attempt"], status["restarts"], status.get("failures")) == (0, 0, None)
+    straggler = [e for e in cluster.events("strag") if e.reason == "Straggler"]
+    assert len(straggler) == 1 and straggler[0].type == "Warning" and "strag-node-1" in straggler[0].message
