@@ -15,7 +15,7 @@ class Policy:
     """Operator-wide knobs that are not part of a job's spec."""
 
     stuck_timeout: timedelta = timedelta(minutes=5)
-    # The PodGroup API versions the cluster serves (operator/gang.py; the operator's
+    # The PodGroup API versions the cluster serves (operator/podgroup.py; the operator's
     # discovery); None where no scheduler places the pods (the local runner).
     group_apis: frozenset[str] | None = None
 
