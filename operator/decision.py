@@ -19,7 +19,7 @@ class Policy:
     # run before its pod is deleted and the job succeeds without it. Clean exits take seconds;
     # node 0 itself waits up to 60 s in its exit barrier for the other nodes' agents.
     straggler_timeout: timedelta = timedelta(seconds=90)
-    # The PodGroup API versions the cluster serves (operator/gang.py; the operator's
+    # The PodGroup API versions the cluster serves (operator/podgroup.py; the operator's
     # discovery); None where no scheduler places the pods (the local runner).
     group_apis: frozenset[str] | None = None
 

@@ -16,7 +16,7 @@ from support.jobs import valid_job
 
 from kubetrain.api.models import TrainingJob
 from kubetrain.operator import controller as controller_module
-from kubetrain.operator import gang
+from kubetrain.operator import podgroup
 from kubetrain.operator.controller import LAST_APPLIED, Controller, JobState
 from kubetrain.operator.kube import ApiError, Refused
 from kubetrain.operator.pods import PodView
@@ -367,7 +367,7 @@ def test_discovery_is_asked_once_for_a_burst_of_jobs() -> None:
         await asyncio.gather(*(controller.reconcile(key) for key in list(controller.jobs)))
 
     asyncio.run(burst())
-    assert kube.discoveries == len(gang.APIS) and len(kube.statuses) == 3  # one per PodGroup API
+    assert kube.discoveries == len(podgroup.APIS) and len(kube.statuses) == 3  # one per PodGroup API
 
 
 def test_a_coscheduling_gang_labels_its_pods_with_the_scheduler_plugins_podgroup() -> None:
