@@ -322,7 +322,8 @@ class Controller:
         committed = decision.commit_first and decided_wire != previous_wire
         if committed:
             await self._write_status(state, body, decided_wire)
-        await asyncio.gather(*(self._delete(state, namespace, pod, uid) for pod, uid in decision.delete_pods))
+        grace = decision.delete_grace_seconds
+        await asyncio.gather(*(self._delete(state, namespace, pod, uid, grace) for pod, uid in decision.delete_pods))
         created, refused = await self._create(key, state, job, decision, flavors)
         now = datetime.now(UTC).replace(microsecond=0)
         status, events = refusal.settle(previous, decision, committed, refused, created, now)
@@ -352,10 +353,10 @@ class Controller:
                 state.body = _held(written)
             body["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"]
 
-    async def _delete(self, state: JobState, namespace: str, pod: str, uid: str) -> None:
+    async def _delete(self, state: JobState, namespace: str, pod: str, uid: str, grace: int | None) -> None:
         if uid in state.expectations.deletions:
             return
-        await self.kube.delete_pod(namespace, pod, uid)
+        await self.kube.delete_pod(namespace, pod, uid, grace)
         state.expectations.deletions.add(uid)
 
     async def _create(

@@ -66,6 +66,7 @@ from kubetrain.operator.failures import (
     completed,
     describe,
     failure_of,
+    is_disruption,
     judge,
     stall_due,
     stall_failure,
@@ -286,6 +287,9 @@ def _restart_or_fail(run: _Pass, problem: Problem, service_exists: bool) -> Deci
     verdict = judge(policy.failure_policy, failure, conditions)
     status.failures = [*(status.failures or []), failure][-MAX_FAILURES_KEPT:]
     run.decision.commit_first = True
+    if not is_disruption(failure, conditions):
+        # The survivors of a crash or a stall cannot checkpoint: no reason to wait for them.
+        run.decision.delete_grace_seconds = run.policy.failed_gang_grace_seconds
     if verdict.action == "FailJob":
         return _finish(run, False, "FailurePolicy", f"{describe(failure)}; failed by {verdict.rule}")
     counted = verdict.action == "RestartJob"

@@ -48,6 +48,7 @@ class FakeKube:
         self.lists: list[str] = []  # label selectors of the pod lists
         self.vanished: set[str] = set()  # created pods a list no longer returns
         self.deleted: list[str] = []
+        self.graces: list[int | None] = []
 
     async def serves(self, api_version: str, plural: str) -> bool:
         self.discoveries += 1
@@ -77,8 +78,9 @@ class FakeKube:
     async def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append((type_, reason))
 
-    async def delete_pod(self, namespace: str, name: str, uid: str | None) -> None:
+    async def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None) -> None:
         self.deleted.append(name)
+        self.graces.append(grace_seconds)
 
     async def list(self, path: str, query: dict[str, str]) -> dict[str, Any]:
         """The pods created and not `vanished`, as the API server would list them."""
