@@ -13,7 +13,8 @@ every rank stops at the same step.
     for step ...:
         train_step(...)
         if stop.agreed():                 # once per step, on every rank
-            save the checkpoint (rank 0); break
+            checkpoint this step          # (collective: rank 0 writes)
+            stop.exit()                   # every rank meets, then SystemExit(EXIT_STOPPED)
     stop.close()                          # at the loop's end, on every rank
 
 A process stopped this way exits with EXIT_STOPPED (143, 128 + SIGTERM: what a runtime reports
@@ -25,7 +26,7 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -77,6 +78,13 @@ class StopSignal:
         self._flag = torch.tensor([int(self.received is not None)], dtype=torch.int32)
         self._work = dist.all_reduce(self._flag, group=self._group, async_op=True)
         return False
+
+    def exit(self) -> NoReturn:
+        """After the stop's checkpoint: every rank meets (rank 0's save is durable once all
+        passed), then leaves with EXIT_STOPPED. For scripts of your own (kubetrain.trainer.lib)."""
+        if self._world > 1:
+            dist.barrier(group=self._group)
+        raise SystemExit(EXIT_STOPPED)
 
     def close(self) -> None:
         """Finish a vote still in flight: every rank has one at the same point of the loop."""
