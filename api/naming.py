@@ -31,6 +31,9 @@ ROLE_WORKER = "worker"
 
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kubetrain-operator"
+# What a child is for, where its kind does not say it (the log archive's ConfigMaps).
+LABEL_COMPONENT = f"{LABEL_PREFIX}/component"
+COMPONENT_LOGS = "logs"
 
 CONTAINER_NAME = "trainer"
 # The volumes kubetrain renders into every pod: their names and the paths they are mounted
@@ -39,6 +42,15 @@ CHECKPOINT_VOLUME = "checkpoints"
 SHM_VOLUME = "dshm"
 SHM_PATH = "/dev/shm"
 MASTER_PORT_NAME = "rendezvous"
+
+# Pods carry this finalizer so that a pod being deleted (gang restart, cleanPodPolicy, a user)
+# waits until the operator has archived its log tail (operator/archive.py, docs/logs.md).
+LOG_FINALIZER = f"{GROUP}/logs"
+# One ConfigMap per attempt holds the archived tails, one key per node. ConfigMap names are
+# DNS-1123 subdomains (253 characters): a job name (<= MAX_JOB_NAME) plus the suffix always fits.
+LOG_ARCHIVE_INFIX = "-attempt-"
+LOG_ARCHIVE_SUFFIX = "-logs"
+MAX_DNS_SUBDOMAIN = 253
 
 
 def service_name(job: str) -> str:
@@ -52,6 +64,39 @@ def pod_name(job: str, node_rank: int) -> str:
 def node_line(node_rank: int, text: str) -> str:
     """A line of node `node_rank`'s output, as `kubetrain run --local` and `kubetrain logs` show it."""
     return f"[node-{node_rank}] {text}"
+
+
+def attempt_line(attempt: int, node_rank: int, text: str) -> str:
+    """A line of node `node_rank`'s output in `attempt`, as `kubetrain logs -f` shows it while it
+    follows a job across its gang restarts."""
+    return f"[attempt {attempt} node-{node_rank}] {text}"
+
+
+def log_archive_name(job: str, attempt: int) -> str:
+    """The ConfigMap that keeps the log tails of `attempt`'s pods once they are gone."""
+    if attempt < 0:
+        raise ValueError(f"attempt {attempt} is negative")
+    name = f"{job}{LOG_ARCHIVE_INFIX}{attempt}{LOG_ARCHIVE_SUFFIX}"
+    if len(name) > MAX_DNS_SUBDOMAIN:
+        raise ValueError(f"log archive name {name[:40]}... is longer than {MAX_DNS_SUBDOMAIN} characters")
+    return name
+
+
+def log_archive_key(node_rank: int) -> str:
+    """The ConfigMap key of node `node_rank`'s log tail (and its file name in a local run's
+    `attempts/<N>/` directory)."""
+    return f"node-{node_rank}.log"
+
+
+def log_archive_rank(key: str) -> int | None:
+    """The node rank of a log archive key (None: not one)."""
+    digits = key.removeprefix("node-").removesuffix(".log")
+    return int(digits) if digits.isdigit() and key == log_archive_key(int(digits)) else None
+
+
+def log_archive_selector(job: str, job_uid: str) -> str:
+    """The log archives of this job object (a re-created job of the same name has another uid)."""
+    return f"{LABEL_JOB}={job},{LABEL_JOB_UID}={job_uid},{LABEL_COMPONENT}={COMPONENT_LOGS}"
 
 
 def master_host(job: str, namespace: str, cluster_domain: str) -> str:

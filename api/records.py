@@ -72,6 +72,32 @@ def _mark_done(record: dict[str, Any], progress: Progress | None, update: dict[s
             update["done_at"] = None
 
 
+def _checkpoint(record: dict[str, Any], checkpoint: LastCheckpoint | None) -> LastCheckpoint | None:
+    """`checkpoint` after a `checkpoint` or `resume` record: replaced only by one not older."""
+    path, step = record.get("path"), _count(record.get("step"))
+    if not (isinstance(path, str) and path and step is not None and (checkpoint is None or step >= checkpoint.step)):
+        return checkpoint
+    reason = record.get("reason")
+    if not isinstance(reason, str) or not reason:
+        # A resume of the checkpoint already known keeps what that one said.
+        same = checkpoint is not None and checkpoint.path == path[:1024]
+        reason = checkpoint.reason if same and checkpoint is not None else None
+    return LastCheckpoint(
+        path=path[:1024], step=step, time=_time(record.get("time")), reason=reason[:64] if reason else None
+    )
+
+
+def fold_checkpoints(text: str, previous: LastCheckpoint | None) -> LastCheckpoint | None:
+    """Only the `checkpoint` records of `text` folded into `previous`: for the log of a pod of an
+    attempt that has ended (its archived tail), which may hold a checkpoint written on SIGTERM
+    after the operator's last read, but whose progress must never move the job's back."""
+    checkpoint = previous
+    for record in records_in(text):
+        if record["event"] == "checkpoint":
+            checkpoint = _checkpoint(record, checkpoint)
+    return checkpoint
+
+
 def fold(
     text: str, previous: Progress | None = None, previous_checkpoint: LastCheckpoint | None = None
 ) -> tuple[Progress | None, LastCheckpoint | None]:
@@ -100,16 +126,7 @@ def fold(
             if (accuracy := _number(record.get("accuracy"))) is not None and 0 <= accuracy <= 1:
                 update["accuracy"] = accuracy
         elif event in ("checkpoint", "resume"):
-            path, step = record.get("path"), _count(record.get("step"))
-            if isinstance(path, str) and path and step is not None and (checkpoint is None or step >= checkpoint.step):
-                reason = record.get("reason")
-                if not isinstance(reason, str) or not reason:
-                    # A resume of the checkpoint already known keeps what that one said.
-                    same = checkpoint is not None and checkpoint.path == path[:1024]
-                    reason = checkpoint.reason if same and checkpoint is not None else None
-                checkpoint = LastCheckpoint(
-                    path=path[:1024], step=step, time=_time(record.get("time")), reason=reason[:64] if reason else None
-                )
+            checkpoint = _checkpoint(record, checkpoint)
         if not update:
             continue
         merged = (progress.model_dump() if progress is not None else {}) | update

@@ -141,11 +141,17 @@ def plot(
 def logs(
     job: Annotated[str, typer.Argument(help="TrainingJob name.")],
     namespace: Annotated[str, typer.Option("--namespace", "-n", help="Namespace of the job.")] = "default",
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream every node's log until its pod ends.")] = False,
-    rank: Annotated[int | None, typer.Option("--rank", min=0, help="Only this node's log.")] = None,
-    previous_attempt: Annotated[
+    follow: Annotated[
         bool,
-        typer.Option("--previous-attempt", help="The last failed attempt's logs, while its pods still exist."),
+        typer.Option("--follow", "-f", help="Stream every node's log, across gang restarts, until the job ends."),
+    ] = False,
+    rank: Annotated[int | None, typer.Option("--rank", min=0, help="Only this node's log.")] = None,
+    attempt: Annotated[
+        int | None,
+        typer.Option("--attempt", min=0, help="This attempt's logs (default: the current one); -f starts there."),
+    ] = None,
+    previous_attempt: Annotated[
+        bool, typer.Option("--previous-attempt", help="The attempt before the current one (--attempt CURRENT-1).")
     ] = False,
     tail: Annotated[
         int | None, typer.Option("--tail", min=0, help="Last N lines of each log (--previous-attempt: 50).")
@@ -155,11 +161,14 @@ def logs(
         typer.Option(help="kubeconfig file (default: KUBECONFIG, else ~/.kube/config; in a pod its ServiceAccount)."),
     ] = None,
 ) -> None:
-    """Print every node's log of a TrainingJob's current attempt from the cluster.
+    """Print every node's log of one attempt of a TrainingJob from the cluster.
 
-    Each line starts with its node (node-0, node-1, ...) as `kubetrain run --local` shows it.
-    Exit codes: 0 every asked-for node's log was read; 1 the job is missing, has no pods, or a
-    node has no log (its reason, e.g. ImagePullBackOff, is said on stderr).
+    Each line starts with its node (node-0, node-1, ...) as `kubetrain run --local` shows it;
+    with -f with its attempt too ([attempt 1 node-0]). A node's log comes from its pod while
+    the pod exists, else from the attempt's log archive (the ConfigMap JOB-attempt-N-logs the
+    operator keeps each deleted pod's log tail in). Exit codes: 0 every asked-for node's log was
+    read; 1 the job is missing, the attempt has no pods and no archive, or a node has no log
+    (its reason, e.g. ImagePullBackOff, is said on stderr).
     """
     from kubetrain.cli.logs import Cluster, LogsError, api_client, run_logs
 
@@ -169,6 +178,7 @@ def logs(
                 Cluster(api, namespace),
                 job,
                 rank=rank,
+                attempt=attempt,
                 previous=previous_attempt,
                 follow=follow,
                 tail=tail,

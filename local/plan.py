@@ -40,6 +40,7 @@ from kubetrain.local.volumes import NO_CHOICES, LocalChoices, LocalVolumes, plan
 from kubetrain.operator.render import render_pods
 
 LOCAL_NAMESPACE = "default"
+ATTEMPTS_SUBDIR = "attempts"
 CHECKPOINTS_SUBDIR = "checkpoints"
 
 
@@ -159,6 +160,12 @@ class LocalPlan:
                 )
             )
         return [self.volumes.localize(node, self.run_dir) for node in out]
+
+
+def attempt_log(run_dir: Path, attempt: int, rank: int) -> Path:
+    """Node `rank`'s output in `attempt` of the latest run in `run_dir` (local/supervisor.py
+    writes it; the operator keeps the same per-attempt tails in a cluster, docs/logs.md)."""
+    return run_dir / ATTEMPTS_SUBDIR / str(attempt) / naming.log_archive_key(rank)
 
 
 def default_run_dir(job: TrainingJob, now: str) -> Path:

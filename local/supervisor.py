@@ -10,6 +10,11 @@ pure `status.decide`. Its Decision is applied here as the operator applies it to
 them. Rank 0's metrics records are folded into the status with `kubetrain.api.records.fold`,
 as the operator folds rank 0's log. So restarts, failures, the node blamed, deadlines and
 progress follow one rule on a cluster and here.
+
+Each node's output goes to `<run-dir>/node-<i>.log` (every attempt of every run in this run
+dir, each after a `=== kubetrain: attempt N ===` line: what `kubetrain logs -f` shows) and to
+`<run-dir>/attempts/<N>/node-<i>.log` (attempt N of this run only: what the operator keeps in a
+cluster's log archive and `kubetrain logs --attempt N` shows; docs/logs.md).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import contextlib
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import threading
@@ -33,7 +39,7 @@ from typing import IO, Any, Protocol
 from kubetrain.api.contract import free_port
 from kubetrain.api.models import TrainingJobStatus
 from kubetrain.api.records import fold, parse_record
-from kubetrain.local.plan import LocalPlan, NodeProcess
+from kubetrain.local.plan import ATTEMPTS_SUBDIR, LocalPlan, NodeProcess, attempt_log
 from kubetrain.local.processes import ProcessTree, note_groups, stop, subreaper
 from kubetrain.local.result import RunResult
 from kubetrain.operator.decision import DEFAULT_POLICY
@@ -124,6 +130,7 @@ class Supervisor:
         self.result = RunResult("Failed", "", plan.run_dir)
         self._lines: queue.Queue[tuple[_Node, str, str]] = queue.Queue()
         self._logs: dict[int, IO[str]] = {}
+        self._attempt_logs: dict[tuple[int, int], IO[str]] = {}  # (attempt, rank) -> its own log
         self._ports: dict[int, int] = {}
         # attempt -> rank -> exit code of its stopped processes (the last attempt's go to the result).
         self._codes: dict[int, dict[int, int | None]] = {}
@@ -164,6 +171,10 @@ class Supervisor:
             with subreaper(), self._signals(), contextlib.ExitStack() as logs:
                 for rank in range(self.plan.job.spec.nodes):
                     self._logs[rank] = logs.enter_context(open(self.plan.run_dir / f"node-{rank}.log", "a"))
+                # The attempts of this run, numbered as its status.json numbers them; an earlier
+                # run's output in this run dir stays in node-<i>.log.
+                shutil.rmtree(self.plan.run_dir / ATTEMPTS_SUBDIR, ignore_errors=True)
+                logs.callback(self._close_attempt_logs)
                 try:
                     self._loop()
                 finally:
@@ -240,6 +251,10 @@ class Supervisor:
         specs = [spec for spec in self.plan.nodes(attempt, master_port=port) if spec.rank in ranks]
         for spec in specs:
             self._logs[spec.rank].write(f"=== kubetrain: attempt {attempt} ===\n")
+            path = attempt_log(self.plan.run_dir, attempt, spec.rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Closed when the node is stopped (_stop), or at the end of the run.
+            self._attempt_logs[attempt, spec.rank] = open(path, "a")  # noqa: SIM115
             node = _Node(spec, attempt, self._launch(spec), _now())
             self.nodes[spec.pod_name] = node
             for name, pipe in (("stdout", node.tree.proc.stdout), ("stderr", node.tree.proc.stderr)):
@@ -280,8 +295,16 @@ class Supervisor:
         for node in nodes:
             del self.nodes[node.spec.pod_name]
             self._codes.setdefault(node.attempt, {})[node.spec.rank] = node.tree.proc.returncode
+            self._close_attempt_logs((node.attempt, node.spec.rank))
 
     # --- output --------------------------------------------------------------------------
+
+    def _close_attempt_logs(self, *which: tuple[int, int]) -> None:
+        """Close these (attempt, rank) logs; none named: all."""
+        for key in which or list(self._attempt_logs):
+            log = self._attempt_logs.pop(key, None)
+            if log is not None:
+                log.close()
 
     def _drain(self, nodes: Sequence[_Node], timeout_s: float) -> None:
         """Handle what exited nodes wrote. Their pipes close when the last process holding them
@@ -312,8 +335,10 @@ class Supervisor:
 
     def _handle_line(self, node: _Node, stream: str, text: str) -> None:
         rank = node.spec.rank
-        self._logs[rank].write(text + "\n")
-        self._logs[rank].flush()
+        for log in (self._logs[rank], self._attempt_logs.get((node.attempt, rank))):
+            if log is not None:
+                log.write(text + "\n")
+                log.flush()
         node.tail.append(text)
         record = parse_record(text) if rank == 0 and stream == "stdout" else None
         if record is None:

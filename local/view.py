@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kubetrain.api import naming
 from kubetrain.local.localize import LOCAL_REWRITES
-from kubetrain.local.plan import LocalPlan, NodeProcess
+from kubetrain.local.plan import LocalPlan, NodeProcess, attempt_log
 from kubetrain.local.result import RunResult
 
 
@@ -47,10 +47,10 @@ def checkpoint_line(result: RunResult) -> str:
 def failure_line(result: RunResult) -> str | None:
     """The node that ended a failed run, its exit code and where its output is."""
     failure = result.node_failure
-    if failure is None:
+    if failure is None or failure.rank is None:
         return None
     code = "" if failure.exit_code is None else f" with exit code {failure.exit_code}"
-    log = result.run_dir / f"node-{failure.rank}.log"
+    log = attempt_log(result.run_dir, failure.attempt, failure.rank)
     return f"node {failure.rank} failed{code} in attempt {failure.attempt} ({failure.reason}); its log: {log}"
 
 

@@ -8,7 +8,9 @@ ControllerExpectations).
 decide: pure functions — `status.decide` (the gang), `progress` (rank 0's metrics) and
 `refusal` (a pod the API server refused). They are the only authors of the job's status.
 apply: `kube.py`, the only writer; the status goes first when the decision says so. What
-Kueue and the PodGroup APIs need read and written is in `kueue_io.py` and `podgroup_io.py`.
+Kueue and the PodGroup APIs need read and written is in `kueue_io.py` and `podgroup_io.py`;
+the logs of pods being deleted are kept by `archive_io.py` (as `archive.py` decides) before
+the status write, and the pods released after it.
 
 Level-based: a reconcile depends on the job's state, never on which event woke it; the
 TrainingJob status holds everything that must survive a restart of the operator.
@@ -29,7 +31,7 @@ from pydantic import ValidationError
 
 from kubetrain.api import naming
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
-from kubetrain.operator import kueue, kueue_io, metrics, podgroup, podgroup_io, progress, refusal
+from kubetrain.operator import archive, archive_io, kueue, kueue_io, metrics, podgroup, podgroup_io, progress, refusal
 from kubetrain.operator.kube import ApiError, Conflict, Kube, Refused
 from kubetrain.operator.render import render_pod, render_service
 from kubetrain.operator.settings import OperatorSettings
@@ -151,6 +153,7 @@ class Controller:
         # write and the Event after them need no turn.
         self.creating = asyncio.Semaphore(settings.workers)
         self.discovery = podgroup_io.Discovery(kube)
+        self.captures = archive_io.Captures(kube)
 
     # --- what the watches see -----------------------------------------------------------
     def watch(self, pods: Index, services: Index) -> None:
@@ -188,8 +191,14 @@ class Controller:
 
     def pod_changed(self, key: Key, uid: str, view: PodView | None) -> None:
         """The informer's news of one of the job's pods (`view` None: gone from the job)."""
+        if view is None:
+            self.captures.drop(uid)
         state = self.jobs.get(key)
         if state is None:
+            # A job deleted (or not seen yet, at startup): its pods being deleted wait for
+            # kubetrain's finalizer to come off (reconcile -> archive_io.release_orphans).
+            if view is not None and view.deleted_at is not None and archive.holds(view):
+                self.queue.add(key)
             return
         if view is None:
             state.expectations.gone(uid)
@@ -217,6 +226,8 @@ class Controller:
     async def reconcile(self, key: Key) -> float | None:
         state = self.jobs.get(key)
         if state is None or state.body["metadata"].get("deletionTimestamp"):
+            pods = self.pods.get(key, ())
+            await archive_io.release_orphans(self.kube, self.captures, *key, list(pods), datetime.now(UTC))
             return None
         started = time.perf_counter()
         try:
@@ -253,8 +264,13 @@ class Controller:
             return await self._reread(key, state, stale)
         if admission.retry:
             decision.requeue(kueue_io.WORKLOAD_RETRY_SECONDS)
+        kept = await archive_io.archive_logs(self.kube, self.captures, job, key[0], uid, pods, now)
+        for text in kept.rank0:  # a checkpoint rank 0 wrote after the last read (on SIGTERM)
+            decision.status = progress.fold_checkpoints(decision.status, text)
+        if kept.look_again is not None:
+            decision.requeue(max(kept.look_again, 1.0))
         try:
-            return await self._apply(key, state, job, decision, admission.flavors)
+            return await self._apply(key, state, job, decision, admission.flavors, kept.release)
         except Conflict:
             return await self._reread(key, state, None)
 
@@ -312,7 +328,13 @@ class Controller:
 
     # --- apply --------------------------------------------------------------------------
     async def _apply(
-        self, key: Key, state: JobState, job: TrainingJob, decision: Decision, flavors: tuple[str, ...] = ()
+        self,
+        key: Key,
+        state: JobState,
+        job: TrainingJob,
+        decision: Decision,
+        flavors: tuple[str, ...] = (),
+        release: list[PodView] | None = None,
     ) -> float | None:
         namespace, name = key
         # A status write moves resourceVersion on; the cached body itself stays untouched.
@@ -331,6 +353,9 @@ class Controller:
         if wire != (decided_wire if committed else previous_wire):
             await self._write_status(state, body, wire)
         await self._announce(key, body, status, events)
+        # After the status write: a checkpoint found in an archived log is recorded before the
+        # pod that logged it can go (an operator that dies before this redoes the archive).
+        await archive_io.release(self.kube, self.captures, namespace, release or [])
         _count_phase(state, status.phase or "Pending")
         if decision.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished passed; deleting the job", namespace, name)

@@ -12,8 +12,10 @@ to the controller (operator/informer.py), listed in the startup handler, which k
 before it watches anything: a restarted operator never mistakes "not in my cache yet" for
 "missing" (which would recreate single pods of a running gang).
 
-No finalizer: children carry a controller ownerReference, so the garbage collector removes
-them with the job, and the operator never blocks a deletion.
+No finalizer on TrainingJobs: children carry a controller ownerReference, so the garbage
+collector removes them with the job, and the operator never blocks a job's deletion. Pods
+carry one of their own (`kubetrain.dev/logs`, operator/archive.py): a deleted pod waits until
+the operator kept its log tail, and a pod of a deleted job only until the operator sees it.
 """
 
 from __future__ import annotations

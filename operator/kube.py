@@ -17,7 +17,7 @@ import os
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,6 +36,8 @@ log = logging.getLogger("kubetrain.operator")
 # PartialObjectMetadata, as for `kubectl get -o name`). The controller reads the new pod's uid,
 # labels and creationTimestamp; the whole pod is ~5 KB of JSON decoded per created pod.
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+# A watch (at most 300 s, informer.WATCH_SECONDS) or log stream silent this long is dead.
+WATCH_READ_SECONDS = 360.0
 
 
 class ApiError(Exception):
@@ -153,11 +155,12 @@ class Kube:
         *,
         side: bool = False,
         accept: str = "application/json",
+        content_type: str = "application/json",
     ) -> bytes:
         headers = {**self._headers(), "Accept": accept}
         data = None
         if body is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
             data = json.dumps(body)
         session = self._session_now()
         url = self.configuration.host + path
@@ -177,17 +180,22 @@ class Kube:
         page: dict[str, Any] = json.loads(await self._request("GET", path, query=query))
         return page
 
-    async def watch(self, path: str, query: dict[str, str], timeout: float) -> AsyncIterator[dict[str, Any]]:
-        """The events of one watch request (`timeout`: its timeoutSeconds), until the server ends it."""
+    def _watch_session_now(self) -> aiohttp.ClientSession:
         if self._watch_session is None or self._watch_session.closed:
             connector = aiohttp.TCPConnector(limit=0, ssl=self._ssl())
-            # No total: a watch lasts up to `timeout`; a silent connection (no bookmark for
-            # a minute past it) is dead.
-            reads = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout + 60)
+            # No total: a watch lasts up to its timeoutSeconds; a silent connection (no bookmark
+            # for a minute past it) is dead.
+            reads = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=WATCH_READ_SECONDS)
             self._watch_session = aiohttp.ClientSession(connector=connector, timeout=reads)
+        return self._watch_session
+
+    async def watch(self, path: str, query: dict[str, str], timeout: float) -> AsyncIterator[dict[str, Any]]:
+        """The events of one watch request (`timeout`: its timeoutSeconds, below
+        WATCH_READ_SECONDS), until the server ends it."""
+        session = self._watch_session_now()
         query = {**query, "watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(int(timeout))}
         url = self.configuration.host + path
-        async with self._watch_session.get(url, params=query, headers=self._headers()) as response:
+        async with session.get(url, params=query, headers=self._headers()) as response:
             if response.status >= 400:
                 raise ApiError(response.status, await response.read())
             pending = b""
@@ -374,3 +382,44 @@ class Kube:
         query = {"container": naming.CONTAINER_NAME, "tailLines": str(tail_lines)}
         data = await self._request("GET", _core(namespace, "pods", pod) + "/log", query=query, side=True)
         return data.decode("utf-8", errors="replace")
+
+    async def stream_log(self, namespace: str, pod: str, tail_lines: int) -> AsyncIterator[bytes]:
+        """The trainer's log from its last `tail_lines` lines on, as it is written, until the
+        container exits (pods/log?follow=true): on the watch connections, which have no total
+        timeout."""
+        session = self._watch_session_now()
+        query = {"container": naming.CONTAINER_NAME, "tailLines": str(tail_lines), "follow": "true"}
+        url = self.configuration.host + _core(namespace, "pods", pod) + "/log"
+        async with session.get(url, params=query, headers=self._headers()) as response:
+            if response.status >= 400:
+                raise ApiError(response.status, await response.read())
+            async for chunk in response.content.iter_any():
+                yield chunk
+
+    # --- the log archive (operator/archive.py) ---------------------------------------------
+    async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = json.loads(await self._request("GET", _core(namespace, "configmaps", name)))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return found
+
+    async def json_patch(self, namespace: str, plural: str, name: str, operations: Sequence[dict[str, Any]]) -> bool:
+        """Apply a JSON patch (RFC 6902) to a core object: False if it is gone (404) or one of the
+        patch's `test` operations failed (422), which leaves the object untouched."""
+        API_WRITES.labels("patch", plural).inc()
+        try:
+            await self._request(
+                "PATCH",
+                _core(namespace, plural, name),
+                operations,
+                accept=METADATA_ONLY,
+                content_type="application/json-patch+json",
+            )
+        except ApiError as exc:
+            if exc.status in (404, 422):
+                return False
+            raise
+        return True

@@ -73,6 +73,13 @@ class PodView:
     message: str = ""
     finished: datetime | None = None
     conditions: tuple[PodCondition, ...] = ()
+    # The trainer container runs or ran: the pod has a log (operator/archive.py).
+    started: bool = False
+    # Deletion, as the API server records it: deletionTimestamp is when the grace period ends;
+    # a grace of 0 is the kubelet's final delete once the containers stopped (or a forced one).
+    deleted_at: datetime | None = None
+    deletion_grace: int | None = None
+    finalizers: tuple[str, ...] = ()
 
     @classmethod
     def from_pod(cls, pod: Mapping[str, Any]) -> PodView:
@@ -84,10 +91,12 @@ class PodView:
         exit_code = waiting = reason = None
         message = ""
         finished = None
+        started = False
         for cs in status.get("containerStatuses") or []:
             if cs.get("name") != naming.CONTAINER_NAME:
                 continue
             state = cs.get("state") or {}
+            started = "running" in state or "terminated" in state
             if "terminated" in state:
                 terminated = state["terminated"] or {}
                 exit_code = terminated.get("exitCode")
@@ -130,4 +139,8 @@ class PodView:
                 PodCondition(c.get("type", ""), c.get("status", ""), c.get("reason") or "", c.get("message") or "")
                 for c in status.get("conditions") or []
             ),
+            started=started,
+            deleted_at=parse_time(meta.get("deletionTimestamp")),
+            deletion_grace=meta.get("deletionGracePeriodSeconds"),
+            finalizers=tuple(meta.get("finalizers") or ()),
         )

@@ -59,3 +59,10 @@ def fold(status: TrainingJobStatus, text: str) -> TrainingJobStatus:
     """`status` with the metrics records found in `text` folded into progress and lastCheckpoint."""
     progress, checkpoint = records.fold(text, status.progress, status.last_checkpoint)
     return status.model_copy(update={"progress": progress, "last_checkpoint": checkpoint})
+
+
+def fold_checkpoints(status: TrainingJobStatus, text: str) -> TrainingJobStatus:
+    """`status` with only the checkpoint records of `text` folded into lastCheckpoint: `text` is
+    the archived log of an ended pod (operator/archive.py), whose progress is not the job's."""
+    checkpoint = records.fold_checkpoints(text, status.last_checkpoint)
+    return status if checkpoint == status.last_checkpoint else status.model_copy(update={"last_checkpoint": checkpoint})

@@ -244,6 +244,8 @@ def render_pod(
             "namespace": namespace,
             "labels": pod_labels(job, uid, node_rank, attempt),
             "ownerReferences": [owner_reference(job, uid)],
+            # A deleted pod stays until the operator kept its log tail (operator/archive.py).
+            "finalizers": [naming.LOG_FINALIZER],
         },
         "spec": pod_spec,
     }

@@ -159,10 +159,32 @@ def test_test_module_basenames_are_unique() -> None:
 
 # The operator's decisions (STYLE.md: pure rendering and deciding, side effects in one place):
 # neither they nor anything they import talks to the cluster or waits on an event loop.
-PURE = ["conditions", "decision", "failures", "kueue", "podgroup", "pods", "progress", "refusal", "render", "status"]
+PURE = [
+    "archive",
+    "conditions",
+    "decision",
+    "failures",
+    "kueue",
+    "podgroup",
+    "pods",
+    "progress",
+    "refusal",
+    "render",
+    "status",
+]
 IO = {"aiohttp", "asyncio", "kopf", "kubernetes"} | {
     f"kubetrain.operator.{name}"
-    for name in ("controller", "handlers", "informer", "kube", "kueue_io", "podgroup_io", "run", "workqueue")
+    for name in (
+        "archive_io",
+        "controller",
+        "handlers",
+        "informer",
+        "kube",
+        "kueue_io",
+        "podgroup_io",
+        "run",
+        "workqueue",
+    )
 }
 
 

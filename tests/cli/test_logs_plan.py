@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
 
+from kubetrain.api import naming
 from kubetrain.api.models import TrainingJobStatus
-from kubetrain.cli.logs import LogsError, NodePod, Plan, ended_line, plan, selector
+from kubetrain.cli.logs import LogsError, NodePod, Plan, archive_of, ended_line, last_lines, missing, plan
 
 
 def pod(
@@ -89,18 +91,41 @@ RESTARTED = TrainingJobStatus.model_validate(
         "failures": [{"attempt": 0, "rank": 1, "reason": "PodDeleted", "message": "pod job-node-1 was deleted"}],
     }
 )
+SUCCEEDED = TrainingJobStatus.model_validate(
+    {
+        "phase": "Succeeded",
+        "attempt": 1,
+        "conditions": [
+            {"type": "Succeeded", "status": "True", "reason": "Done", "lastTransitionTime": "2026-11-23T07:00:00Z"}
+        ],
+    }
+)
 BOTH = nodes(pod(0, state=RUNNING), pod(1, state=RUNNING))
 NEW_AND_OLD = nodes(pod(0, 1, state=RUNNING), pod(0, 0, phase="Failed", state={"terminated": {"exitCode": 1}}))
+ARCHIVED = {0: "checkpoint\n", 1: "Traceback\n"}
 
 
 @pytest.mark.parametrize(
-    ("status", "pods", "options", "read", "wait", "problems"),
+    ("status", "pods", "options", "read", "archived", "problems"),
     [
         (TrainingJobStatus(), BOTH, {}, [0, 1], [], []),
         (TrainingJobStatus(), BOTH, {"rank": 1}, [1], [], []),
-        # The current attempt only; --previous-attempt the failed one's pods.
-        (RESTARTED, NEW_AND_OLD, {}, [0], [], ["[node-1] no pod of attempt 1"]),
-        (RESTARTED, NEW_AND_OLD, {"previous": True, "rank": 0}, [0], [], []),
+        # The current attempt only; a rank without a pod and without an archive is said.
+        (RESTARTED, NEW_AND_OLD, {}, [0], [], ["[node-1] no pod and no archived log of attempt 1"]),
+        # The previous attempt: a pod that still exists is read, the others from the archive.
+        (RESTARTED, NEW_AND_OLD, {"previous": True, "archived": ARCHIVED}, [0], [1], []),
+        (RESTARTED, NEW_AND_OLD, {"attempt": 0, "rank": 0}, [0], [], []),
+        (RESTARTED, [], {"attempt": 0, "archived": ARCHIVED}, [], [0, 1], []),
+        (
+            RESTARTED,
+            [],
+            {"attempt": 0, "archived": {1: "x"}},
+            [],
+            [1],
+            ["[node-0] no pod and no archived log of attempt 0"],
+        ),
+        # cleanPodPolicy All deleted the finished attempt's pods: its archive.
+        (SUCCEEDED, [], {"archived": ARCHIVED, "rank": 1}, [], [1], []),
         # A pod that cannot start is said, the others still read.
         (
             TrainingJobStatus(),
@@ -110,23 +135,7 @@ NEW_AND_OLD = nodes(pod(0, 1, state=RUNNING), pod(0, 0, phase="Failed", state={"
             [],
             [PULL_SAID],
         ),
-        # -f waits for pods that are starting or not yet scheduled, but not for a bad image.
-        (
-            TrainingJobStatus(),
-            nodes(pod(0, phase="Pending", state=CREATING), pod(1, phase="Pending", scheduled=UNSCHEDULABLE)),
-            {"follow": True},
-            [],
-            [0, 1],
-            [],
-        ),
-        (
-            TrainingJobStatus(),
-            nodes(pod(0, state=RUNNING), pod(1, phase="Pending", state=PULL)),
-            {"follow": True},
-            [0],
-            [],
-            [PULL_SAID],
-        ),
+        (TrainingJobStatus(), nodes(pod(1, phase="Pending", state=PULL)), {"rank": 1}, [], [], [PULL_SAID]),
     ],
 )
 def test_plan(
@@ -134,12 +143,12 @@ def test_plan(
     pods: list[NodePod],
     options: dict[str, Any],
     read: list[int],
-    wait: list[int],
+    archived: list[int],
     problems: list[str],
 ) -> None:
     got = plan("job", "team-a", status, 2, pods, **options)
     assert isinstance(got, Plan)
-    assert ([p.rank for p in got.read], [p.rank for p in got.wait], got.problems) == (read, wait, problems)
+    assert ([p.rank for p in got.read], got.archived, got.problems) == (read, archived, problems)
 
 
 @pytest.mark.parametrize(
@@ -159,12 +168,6 @@ def test_plan(
         ),
         (TrainingJobStatus(), BOTH, {"rank": 2}, "--rank 2: trainingjob job has 2 nodes (ranks 0-1)"),
         (
-            RESTARTED,
-            NEW_AND_OLD,
-            {"previous": True, "follow": True},
-            "--previous-attempt with -f: a failed attempt's pods have ended, there is nothing to follow",
-        ),
-        (
             TrainingJobStatus(),
             BOTH,
             {"previous": True},
@@ -172,10 +175,31 @@ def test_plan(
         ),
         (
             RESTARTED,
+            BOTH,
+            {"attempt": 2},
+            "--attempt 2: trainingjob job in namespace team-a has attempts 0-1 (it is in attempt 1)",
+        ),
+        (RESTARTED, BOTH, {"attempt": 0, "previous": True}, "--previous-attempt and --attempt: give one of them"),
+        (
+            RESTARTED,
             nodes(pod(0, 1, state=RUNNING), pod(1, 1, state=RUNNING)),
             {"previous": True},
-            "the pods of trainingjob job's failed attempt 0 are gone (a gang restart deletes them before it "
-            "creates the next attempt); the operator recorded: PodDeleted on node 1: pod job-node-1 was deleted",
+            "trainingjob job in namespace team-a: attempt 0 has no pods left and no archived log (ConfigMap "
+            "job-attempt-0-logs); the operator recorded: PodDeleted on node 1: pod job-node-1 was deleted",
+        ),
+        (
+            RESTARTED,
+            [],
+            {"attempt": 0, "rank": 0, "archived": {1: "x"}},
+            "trainingjob job in namespace team-a: attempt 0 has no pods left and an archive without these nodes "
+            "(ConfigMap job-attempt-0-logs); the operator recorded: PodDeleted on node 1: pod job-node-1 was deleted",
+        ),
+        (
+            SUCCEEDED,
+            [],
+            {},
+            "trainingjob job in namespace team-a: attempt 1 has no pods left and no archived log (ConfigMap "
+            "job-attempt-1-logs)",
         ),
     ],
 )
@@ -198,7 +222,36 @@ def test_ended_line() -> None:
     assert (
         ended_line(blocked, started) == "[node-0] pod job-node-0: container trainer is waiting: ErrImagePull: not found"
     )
+    # -f names the attempt of every line.
+    followed = partial(naming.attempt_line, 2)
+    assert ended_line(None, started, followed) == "[attempt 2 node-0] log ended: pod job-node-0 was deleted"
 
 
-def test_selector_names_the_job_object() -> None:
-    assert selector("job", "u-1") == "kubetrain.dev/job-name=job,kubetrain.dev/job-uid=u-1"
+@pytest.mark.parametrize(
+    ("configmap", "expected"),
+    [
+        (
+            {
+                "metadata": {"labels": {"kubetrain.dev/job-uid": "u"}},
+                "data": {"node-0.log": "a", "node-10.log": "b", "x": "c"},
+            },
+            {0: "a", 10: "b"},
+        ),
+        ({"metadata": {"labels": {"kubetrain.dev/job-uid": "other"}}, "data": {"node-0.log": "a"}}, None),
+        ({"metadata": {}, "data": {"node-0.log": "a"}}, None),
+    ],
+)
+def test_an_archive_is_read_only_if_it_is_this_jobs(configmap: dict[str, Any], expected: dict[int, str] | None) -> None:
+    assert archive_of(configmap, "u") == expected
+
+
+@pytest.mark.parametrize(("tail", "kept"), [(None, "a\nb\nc\n"), (2, "b\nc\n"), (0, ""), (9, "a\nb\nc\n")])
+def test_last_lines(tail: int | None, kept: str) -> None:
+    assert last_lines("a\nb\nc\n", tail) == kept
+
+
+def test_the_ranks_whose_logs_only_an_archive_can_have() -> None:
+    assert missing(NEW_AND_OLD, 1, [0, 1]) == [1]
+    assert missing(NEW_AND_OLD, 0, [0, 1]) == [1]
+    assert missing(nodes(pod(0, phase="Pending", state=CREATING)), 0, [0]) == [0]  # never started
+    assert missing(BOTH, 0, [0, 1]) == []

@@ -75,8 +75,12 @@ def test_a_failed_run_has_the_cluster_status_and_names_the_failing_node(tmp_path
     assert "checkpoints   none reported (the job logged no checkpoint records)" in done.stdout
     assert "resuming from the last checkpoint" not in done.stdout
     assert "kubetrain saw no checkpoint record" in done.stdout
-    log = tmp_path / "run" / "node-1.log"
+    # Each attempt's output on its own, as a cluster's log archive keeps it (docs/logs.md); the
+    # node's log of the whole run holds both.
+    log = tmp_path / "run" / "attempts" / "1" / "node-1.log"
     assert done.stdout.rstrip().splitlines()[-1] == (
         f"node 1 failed with exit code 3 in attempt 1 (Error); its log: {log}"
     )
-    assert "bad config" in log.read_text()
+    assert log.read_text().count("bad config") == 1
+    assert (tmp_path / "run" / "attempts" / "0" / "node-1.log").read_text().count("bad config") == 1
+    assert (tmp_path / "run" / "node-1.log").read_text().count("bad config") == 2

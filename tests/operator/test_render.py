@@ -147,6 +147,8 @@ def test_pod_shape() -> None:
         "app.kubernetes.io/managed-by": "kubetrain-operator",
     }
     assert meta["ownerReferences"][0]["controller"] is True
+    # A deleted pod waits for the operator to keep its log tail (operator/archive.py).
+    assert meta["finalizers"] == ["kubetrain.dev/logs"]
     assert (spec["hostname"], spec["subdomain"], spec["restartPolicy"]) == ("j-node-1", "j", "Never")
     assert spec["automountServiceAccountToken"] is False
     assert container["name"] == "trainer"

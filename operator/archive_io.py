@@ -1,0 +1,192 @@
+"""The log archive's I/O: what operator/archive.py (pure) decides, read and written through
+kube.py. Decides nothing.
+
+A reconcile pass calls `archive` (follow the logs of pods being stopped, read and keep the
+tails of those that are due), writes the job's status (the archived rank 0 checkpoint records
+are folded into it), and only then `release` (the finalizers come off). Every step is safe to
+repeat: a pass that dies in between is redone by the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+
+from kubetrain.api import naming
+from kubetrain.api.models import TrainingJob
+from kubetrain.operator import archive
+from kubetrain.operator.kube import ApiError, Kube, Refused
+from kubetrain.operator.pods import PodView
+
+log = logging.getLogger("kubetrain.operator")
+
+
+class Captures:
+    """The logs of pods being stopped, followed (pods/log?follow=true) until their containers
+    exit, each kept to the last 2 x budget bytes: the fallback when the kubelet has removed a
+    container before its log could be read once more."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.texts: dict[str, bytearray] = {}
+
+    def follow(self, namespace: str, pod: PodView, budget: int) -> None:
+        if pod.uid not in self.tasks:
+            self.texts[pod.uid] = bytearray()
+            self.tasks[pod.uid] = asyncio.create_task(self._follow(namespace, pod, budget), name=f"capture-{pod.name}")
+
+    async def _follow(self, namespace: str, pod: PodView, budget: int) -> None:
+        kept = self.texts[pod.uid]
+        try:
+            async for chunk in self.kube.stream_log(namespace, pod.name, archive.tail_lines(budget)):
+                kept += chunk
+                if len(kept) > 2 * budget:
+                    del kept[: len(kept) - budget]
+        except (ApiError, aiohttp.ClientError, TimeoutError) as error:
+            # The read after the container exits is the archive; this is only its fallback.
+            log.debug("following the log of %s/%s failed: %s", namespace, pod.name, error)
+
+    def text(self, uid: str) -> str | None:
+        kept = self.texts.get(uid)
+        return kept.decode("utf-8", errors="replace") if kept else None
+
+    def drop(self, uid: str) -> None:
+        task = self.tasks.pop(uid, None)
+        if task is not None:
+            task.cancel()
+        self.texts.pop(uid, None)
+
+
+@dataclass
+class Archived:
+    """What a pass archived: the pods to release once the status is written, the archived logs
+    of rank 0 (their checkpoint records go into status.lastCheckpoint), when to look again."""
+
+    release: list[PodView] = field(default_factory=list)
+    rank0: list[str] = field(default_factory=list)
+    look_again: float | None = None
+
+
+async def archive_logs(
+    kube: Kube,
+    captures: Captures,
+    job: TrainingJob,
+    namespace: str,
+    uid: str,
+    pods: Sequence[PodView],
+    now: datetime,
+) -> Archived:
+    """Follow the pods being stopped and keep the tails of those that are due, in their attempts'
+    ConfigMaps. Raises when the API server cannot be reached (the work queue retries)."""
+    todo = archive.plan(pods, uid, now)
+    budget = archive.node_budget(job.spec.nodes)
+    for pod in todo.capture:
+        captures.follow(namespace, pod, budget)
+    lines = archive.tail_lines(budget)
+    reads = await asyncio.gather(
+        *(kube.read_log(namespace, pod.name, lines) for pod in todo.archive), return_exceptions=True
+    )
+    done = Archived(release=[*todo.release, *todo.archive], look_again=todo.look_again)
+    read: dict[int, dict[int, str]] = {}
+    fallback: dict[int, dict[int, str]] = {}
+    for pod, result in zip(todo.archive, reads, strict=True):
+        attempt, rank = pod.attempt or 0, pod.rank or 0
+        if isinstance(result, str):
+            read.setdefault(attempt, {})[rank] = result
+            if rank == 0:
+                done.rank0.append(result)
+        elif isinstance(result, ApiError):  # the kubelet has no log for it (any more)
+            captured = captures.text(pod.uid)
+            fallback.setdefault(attempt, {})[rank] = captured or archive.unreadable(pod, str(result))
+            if rank == 0 and captured:
+                done.rank0.append(captured)
+        elif isinstance(result, BaseException):  # the API server itself: try again later
+            raise result
+    for attempt in sorted({*read, *fallback}):
+        await _keep(kube, job, namespace, uid, attempt, read.get(attempt, {}), fallback.get(attempt, {}))
+    return done
+
+
+async def _keep(
+    kube: Kube,
+    job: TrainingJob,
+    namespace: str,
+    uid: str,
+    attempt: int,
+    read: dict[int, str],
+    fallback: dict[int, str],
+) -> None:
+    """Write these tails into `attempt`'s archive. A fallback never replaces a tail kept before:
+    a pass redone after the operator died may find the container gone whose log it had kept."""
+    name = naming.log_archive_name(job.name, attempt)
+    data = archive.entries(read, job.spec.nodes)
+    if fallback:
+        existing = await kube.get_configmap(namespace, name)
+        ours = existing is not None and _uid(existing) == uid
+        kept = set((existing or {}).get("data") or {}) if ours else set()
+        data |= {k: v for k, v in archive.entries(fallback, job.spec.nodes).items() if k not in kept}
+    if not data:
+        return
+    try:
+        created = await kube.create(archive.configmap(job, namespace, uid, attempt, data))
+        if created is None and not await kube.json_patch(namespace, "configmaps", name, archive.update(uid, data)):
+            log.warning(
+                "%s/%s: ConfigMap %s exists and is not this job's archive: the logs of attempt %d are not kept",
+                namespace, job.name, name, attempt,
+            )  # fmt: skip
+            return
+    except Refused as refused:
+        # RBAC or a quota: the pods must still go; the archive is lost and the log says why.
+        log.error(
+            "%s/%s: the logs of attempt %d cannot be kept in ConfigMap %s: %s",
+            namespace,
+            job.name,
+            attempt,
+            name,
+            refused,
+        )
+        return
+    nodes = ", ".join(key.removesuffix(".log") for key in sorted(data))
+    log.info("%s/%s: kept the logs of attempt %d (%s) in ConfigMap %s", namespace, job.name, attempt, nodes, name)
+
+
+def _uid(obj: dict[str, Any]) -> str | None:
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(naming.LABEL_JOB_UID)
+
+
+async def release(kube: Kube, captures: Captures, namespace: str, pods: Sequence[PodView]) -> None:
+    """Take kubetrain's finalizer off these pods (a pod gone, or whose finalizers changed since it
+    was seen, is left to the next pass its watch event brings)."""
+
+    async def one(pod: PodView) -> None:
+        patch = archive.release(pod)
+        if patch is not None:
+            await kube.json_patch(namespace, "pods", pod.name, patch)
+        captures.drop(pod.uid)
+
+    await asyncio.gather(*(one(pod) for pod in pods))
+
+
+async def release_orphans(
+    kube: Kube, captures: Captures, namespace: str, name: str, pods: Sequence[PodView], now: datetime
+) -> None:
+    """The pods of a TrainingJob this controller does not hold (deleted, being deleted, or not
+    seen yet at startup): asked for the job, release those whose job is gone. Nothing is kept:
+    the archive would go with the job."""
+    if not any(archive.holds(pod) for pod in pods):
+        return
+    body = await kube.get_job(namespace, name)
+    live = body is not None and not body["metadata"].get("deletionTimestamp")
+    if not live or body is None:
+        await release(kube, captures, namespace, archive.plan(pods, None, now).release)
+        return
+    # Live: its own reconcile keeps its pods' logs; only another job's of the same name go here.
+    uid = body["metadata"]["uid"]
+    await release(kube, captures, namespace, [p for p in archive.plan(pods, uid, now).release if p.job_uid != uid])
