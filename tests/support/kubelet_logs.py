@@ -1,11 +1,5 @@
-"""The log half of a kubelet, so `pods/log` works on the test control plane.
-
-The API server answers `GET pods/<pod>/log` by calling the kubelet of the pod's node at
-`https://<node address>:<daemonEndpoints.kubeletEndpoint.Port>/containerLogs/<ns>/<pod>/<container>`
-(without checking the kubelet's certificate unless --kubelet-certificate-authority is set).
-`KubeletLogs` serves that path over TLS on 127.0.0.1 and registers itself as the kubelet
-endpoint of its FakeKubelet's Node; the pods that FakeKubelet binds then have the logs the test
-writes:
+"""Logs a test writes, served as a FakeKubelet's container logs through `pods/log`
+(support.logserver): the pods that FakeKubelet binds then have the logs the test writes.
 
     kubelet = FakeKubelet(api, node_name="kubetrain-log-node")   # a node of its own
     with KubeletLogs(kubelet, tmp_path) as logs:
@@ -15,16 +9,13 @@ writes:
 
 from __future__ import annotations
 
-import http.server
-import ssl
-import subprocess
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 from support.kubelet import FakeKubelet
+from support.logserver import LogServer
 
 
 class KubeletLogs:
@@ -33,7 +24,7 @@ class KubeletLogs:
         self.workdir = workdir
         self.lines: dict[str, list[str]] = {}
         self.lock = threading.Lock()
-        self.server: http.server.ThreadingHTTPServer | None = None
+        self.server = LogServer(self._serve, workdir)
 
     def write(self, pod: str, line: str) -> None:
         """Append a line to the log of the trainer container of `pod` (any namespace)."""
@@ -51,51 +42,17 @@ class KubeletLogs:
             kept = kept[-lines:] if lines else kept
             return "".join(f"{line}\n" for line in kept)
 
+    def _serve(self, namespace: str, pod: str, container: str, tail: int | None, follow: bool) -> Iterable[bytes]:
+        # What was written so far, then the stream closes (follow or not).
+        return [self.tail(pod, tail).encode()]
+
     def __enter__(self) -> KubeletLogs:
-        cert, key = self.workdir / "kubelet.crt", self.workdir / "kubelet.key"
-        subject = ["-subj", "/CN=127.0.0.1", "-days", "1"]
-        ec_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key)]
-        subprocess.run(
-            ["openssl", "req", "-x509", *ec_key, "-out", str(cert), *subject], check=True, capture_output=True
-        )
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(cert, key)
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        threading.Thread(target=self.server.serve_forever, name="kubelet-logs", daemon=True).start()
+        self.server.__enter__()
         self.kubelet.ensure_node()
-        endpoint = {"kubeletEndpoint": {"Port": self.server.server_address[1]}}
-        addresses = [{"type": "InternalIP", "address": "127.0.0.1"}]
-        self.kubelet.core.patch_node_status(
-            self.kubelet.node_name, {"status": {"addresses": addresses, "daemonEndpoints": endpoint}}
-        )
+        self.server.register(self.kubelet.core, self.kubelet.node_name)
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-
-
-def _handler(logs: KubeletLogs) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            url = urlparse(self.path)
-            parts = url.path.strip("/").split("/")
-            if len(parts) != 4 or parts[0] != "containerLogs":
-                self.send_error(404)
-                return
-            tail = parse_qs(url.query).get("tailLines", [""])[0]
-            body = logs.tail(parts[2], int(tail) if tail.isdigit() else None).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            """Quiet: the operator reads every progress interval."""
-
-    return Handler
+        self.server.__exit__(kind, error, traceback)

@@ -3,9 +3,11 @@
 It registers a Node, binds the unscheduled pods of the namespaces it serves (playing the
 scheduler), starts each container's `command + args` with the pod's env, and reports real
 status back through the API server: Running with podIP 127.0.0.1, then each container's
-real exit code, phase Succeeded or Failed. Deleting a pod terminates its processes and
-confirms the deletion, as a kubelet does. So a test can go apply -> operator -> pods ->
-training -> Succeeded on one machine.
+real exit code, phase Succeeded or Failed. Deleting a pod terminates its processes, reports
+how they ended and confirms the deletion, as a kubelet does. Each container's output is served
+as its log through `pods/log` (support.logserver; `follow` streams until the process exits).
+So a test can go apply -> operator -> pods -> training -> Succeeded -> `kubetrain logs` on
+one machine.
 
 What a container would isolate is shared here, so three things are translated:
 - every pod has the node's loopback: env values that are in-cluster DNS names
@@ -31,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,12 +45,14 @@ from kubetrain.local.processes import ProcessTree, note_groups, stop, subreaper
 
 from .kubelet import node_manifest as _node_manifest
 from .kubelet import now
+from .logserver import LogServer
 
 IN_CLUSTER_HOST = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?\.svc(\.[a-z0-9.-]+)?$")
 HEARTBEAT_S = 10.0
 POLL_S = 0.2
 NOTE_GROUPS_EVERY_S = 1.0
 TERMINATION_LOG_LINES = 40
+FOLLOW_POLL_S = 0.1
 
 
 @dataclass
@@ -60,6 +64,9 @@ class _Pod:
     grace: float
     fallback_to_logs: dict[str, bool]
     procs: dict[str, ProcessTree] = field(default_factory=dict)
+    # Where this pod's output starts in its container's log file: a later pod of the same name
+    # (the next attempt) appends to the same file.
+    log_start: dict[str, int] = field(default_factory=dict)
     started: str = ""
     phase: str = "Pending"
     stopping: bool = False
@@ -82,7 +89,9 @@ class ProcessNode:
         self.node_name = node_name
         self.extra_env = extra_env or {}
         self.pods: dict[str, _Pod] = {}
+        self.deleted: set[str] = set()  # uids whose deletion this node has confirmed
         self.errors: list[str] = []
+        self.log_server = LogServer(self._log, self.workdir / "kubelet")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"process-node-{node_name}", daemon=True)
         self._last_heartbeat = 0.0
@@ -98,7 +107,9 @@ class ProcessNode:
         self.stop()
 
     def start(self) -> None:
+        self._cleanup.enter_context(self.log_server)
         self._register()
+        self.log_server.register(self.core, self.node_name)
         # Workers orphaned by a killed torchrun come back to this process, where stop() finds them.
         self._cleanup.enter_context(subreaper())
         self._thread.start()
@@ -117,6 +128,32 @@ class ProcessNode:
         pod_dir = self.workdir / "pods" / namespace / name
         files = sorted(pod_dir.glob("*.log")) if container is None else [pod_dir / f"{container}.log"]
         return "".join(f.read_text(errors="replace") for f in files if f.exists())
+
+    def _log(self, namespace: str, name: str, container: str, tail: int | None, follow: bool) -> Iterator[bytes]:
+        """The kubelet's containerLogs: the output of the newest pod of that name, from its last
+        `tail` lines; with `follow`, on until the container's process has exited."""
+        found = [p for p in list(self.pods.values()) if (p.namespace, p.name) == (namespace, name)]
+        if not found or container not in found[-1].procs:
+            raise LookupError(f"container {container} of pod {namespace}/{name} is not on {self.node_name}")
+        pod, path = found[-1], found[-1].workdir / f"{container}.log"
+        if not path.exists():  # removed, as a kubelet removes a deleted pod's containers
+            raise LookupError(f"the log of container {container} of pod {namespace}/{name} is gone")
+        with path.open("rb") as log:
+            log.seek(pod.log_start[container])
+            text = log.read()
+            if tail is not None:
+                lines = text.splitlines(keepends=True)
+                text = b"".join(lines[len(lines) - tail :] if tail else [])
+            yield text
+            while follow:
+                running = pod.procs[container].running()
+                more = log.read()
+                if more:
+                    yield more
+                elif not running:
+                    return
+                else:
+                    time.sleep(FOLLOW_POLL_S)
 
     # --- the node ------------------------------------------------------------------------
     def _register(self) -> None:
@@ -138,7 +175,8 @@ class ProcessNode:
             "lastHeartbeatTime": stamp,
             "lastTransitionTime": stamp,
         }
-        addresses = [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": self.node_name}]
+        # No Hostname address: the API server would try it first for pods/log, and it resolves nowhere.
+        addresses = [{"type": "InternalIP", "address": "127.0.0.1"}]
         self.core.patch_node_status(self.node_name, {"status": {"conditions": [ready], "addresses": addresses}})
         self._last_heartbeat = time.monotonic()
 
@@ -170,9 +208,13 @@ class ProcessNode:
                 continue
             state = self.pods.get(uid)
             if pod.metadata.deletion_timestamp is not None:
-                if state is not None:
-                    self._kill(state, grace=state.grace)
-                self._confirm_deletion(pod)
+                # Once: a pod held by a finalizer stays, Terminating, after the kubelet is done.
+                if uid not in self.deleted:
+                    if state is not None:
+                        self._kill(state, grace=state.grace)
+                        self._stopped(state)
+                    self._confirm_deletion(pod)
+                    self.deleted.add(uid)
             elif state is None and pod.status.phase in (None, "Pending"):
                 self._launch(pod)
             elif state is not None and state.phase == "Running":
@@ -317,6 +359,7 @@ class ProcessNode:
         cwd = Path(self._rewrite(container.working_dir, mounts)) if container.working_dir else state.workdir
         cwd.mkdir(parents=True, exist_ok=True)
         with (state.workdir / f"{container.name}.log").open("ab") as log:
+            state.log_start[container.name] = log.tell()
             tree = ProcessTree.start(
                 argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
             )
@@ -328,6 +371,13 @@ class ProcessNode:
             return
         state.phase = "Succeeded" if all(t.proc.returncode == 0 for t in state.procs.values()) else "Failed"
         self._report(state)
+
+    def _stopped(self, state: _Pod) -> None:
+        """Report how a deleted pod's containers ended, as the kubelet does before its last delete."""
+        codes = [tree.proc.returncode for tree in state.procs.values()]
+        state.phase = "Succeeded" if codes and all(code == 0 for code in codes) else "Failed"
+        with contextlib.suppress(client.ApiException):
+            self._report(state)
 
     def _kill(self, state: _Pod, grace: float) -> None:
         """As a kubelet stops a pod: SIGTERM, SIGKILL after the grace period; torchrun's workers
