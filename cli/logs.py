@@ -337,6 +337,8 @@ class Cluster:
         except client.ApiException as error:
             if error.status == 404:
                 return None
+            if error.status == 403:
+                raise LogsError(f"reading the log archive of attempt {attempt} is forbidden: {error.reason}") from None
             raise
         return archive_of(self.api.sanitize_for_serialization(found), uid)
 
@@ -372,8 +374,13 @@ def attempt_logs(
     try:
         todo = plan(name, cluster.namespace, status, nodes, pods, rank=rank, attempt=number, archived=archived)
     except NothingToRead as nothing:
-        kept = cluster.archived_attempts(name, uid)
-        raise LogsError(f"{nothing}; archived attempts: {', '.join(map(str, kept)) or 'none'}") from None
+        from kubernetes import client
+
+        try:
+            kept = ", ".join(map(str, cluster.archived_attempts(name, uid))) or "none"
+        except client.ApiException as error:  # no `list configmaps` for this user: say what is known
+            kept = f"unknown ({error.reason})"
+        raise LogsError(f"{nothing}; archived attempts: {kept}") from None
     from kubernetes import client
 
     archive = f"archive {naming.log_archive_name(name, number)}"

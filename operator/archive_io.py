@@ -25,6 +25,9 @@ from kubetrain.operator.kube import ApiError, Kube, Refused
 from kubetrain.operator.pods import PodView
 
 log = logging.getLogger("kubetrain.operator")
+# A followed log whose container has exited ends at once; its last bytes may still be on their way
+# when the exit is reported, so a capture is waited for this long before it is used.
+CAPTURE_DRAIN_SECONDS = 5.0
 
 
 class Captures:
@@ -53,7 +56,12 @@ class Captures:
             # The read after the container exits is the archive; this is only its fallback.
             log.debug("following the log of %s/%s failed: %s", namespace, pod.name, error)
 
-    def text(self, uid: str) -> str | None:
+    async def finish(self, uid: str, timeout: float = CAPTURE_DRAIN_SECONDS) -> str | None:
+        """What was followed of the pod's log, once its stream has ended (the container exited:
+        it ends at once) or after `timeout`; None if nothing was."""
+        task = self.tasks.get(uid)
+        if task is not None and not task.done():
+            await asyncio.wait([task], timeout=timeout)
         kept = self.texts.get(uid)
         return kept.decode("utf-8", errors="replace") if kept else None
 
@@ -90,27 +98,28 @@ async def archive_logs(
     for pod in todo.capture:
         captures.follow(namespace, pod, budget)
     lines = archive.tail_lines(budget)
-    reads = await asyncio.gather(
-        *(kube.read_log(namespace, pod.name, lines) for pod in todo.archive), return_exceptions=True
-    )
+
+    async def tail(pod: PodView) -> tuple[str, bool]:
+        """The pod's log tail (read now, else as followed while it stopped), and whether it is one:
+        False for the note that says why neither could be had."""
+        try:
+            return await kube.read_log(namespace, pod.name, lines), True
+        except ApiError as error:  # the kubelet has no log for it (any more)
+            captured = await captures.finish(pod.uid)
+            return (captured, True) if captured else (archive.unreadable(pod, str(error)), False)
+
+    # Errors reaching the API server itself propagate: the work queue tries the pass again.
+    tails = await asyncio.gather(*(tail(pod) for pod in todo.archive))
     done = Archived(release=[*todo.release, *todo.archive], look_again=todo.look_again)
     read: dict[int, dict[int, str]] = {}
-    fallback: dict[int, dict[int, str]] = {}
-    for pod, result in zip(todo.archive, reads, strict=True):
+    notes: dict[int, dict[int, str]] = {}
+    for pod, (text, found) in zip(todo.archive, tails, strict=True):
         attempt, rank = pod.attempt or 0, pod.rank or 0
-        if isinstance(result, str):
-            read.setdefault(attempt, {})[rank] = result
-            if rank == 0:
-                done.rank0.append(result)
-        elif isinstance(result, ApiError):  # the kubelet has no log for it (any more)
-            captured = captures.text(pod.uid)
-            fallback.setdefault(attempt, {})[rank] = captured or archive.unreadable(pod, str(result))
-            if rank == 0 and captured:
-                done.rank0.append(captured)
-        elif isinstance(result, BaseException):  # the API server itself: try again later
-            raise result
-    for attempt in sorted({*read, *fallback}):
-        await _keep(kube, job, namespace, uid, attempt, read.get(attempt, {}), fallback.get(attempt, {}))
+        (read if found else notes).setdefault(attempt, {})[rank] = text
+        if found and rank == 0:
+            done.rank0.append(text)
+    for attempt in sorted({*read, *notes}):
+        await _keep(kube, job, namespace, uid, attempt, read.get(attempt, {}), notes.get(attempt, {}))
     return done
 
 
@@ -121,17 +130,18 @@ async def _keep(
     uid: str,
     attempt: int,
     read: dict[int, str],
-    fallback: dict[int, str],
+    notes: dict[int, str],
 ) -> None:
-    """Write these tails into `attempt`'s archive. A fallback never replaces a tail kept before:
-    a pass redone after the operator died may find the container gone whose log it had kept."""
+    """Write these tails into `attempt`'s archive. A note (a log that could not be had) never
+    replaces a tail kept before: a pass redone after the operator died may find the container
+    gone whose log it had kept."""
     name = naming.log_archive_name(job.name, attempt)
     data = archive.entries(read, job.spec.nodes)
-    if fallback:
+    if notes:
         existing = await kube.get_configmap(namespace, name)
         ours = existing is not None and _uid(existing) == uid
         kept = set((existing or {}).get("data") or {}) if ours else set()
-        data |= {k: v for k, v in archive.entries(fallback, job.spec.nodes).items() if k not in kept}
+        data |= {k: v for k, v in archive.entries(notes, job.spec.nodes).items() if k not in kept}
     if not data:
         return
     try:

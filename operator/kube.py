@@ -408,7 +408,8 @@ class Kube:
 
     async def json_patch(self, namespace: str, plural: str, name: str, operations: Sequence[dict[str, Any]]) -> bool:
         """Apply a JSON patch (RFC 6902) to a core object: False if it is gone (404) or one of the
-        patch's `test` operations failed (422), which leaves the object untouched."""
+        patch's `test` operations failed (422), which leaves the object untouched. Raises
+        `Refused` on 403."""
         API_WRITES.labels("patch", plural).inc()
         try:
             await self._request(
@@ -421,5 +422,7 @@ class Kube:
         except ApiError as exc:
             if exc.status in (404, 422):
                 return False
+            if exc.status == 403:
+                raise Refused(exc.status, exc.message) from exc
             raise
         return True

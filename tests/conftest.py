@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from support import controlplane
 from support.controlplane import ControlPlane, Unavailable
+from support.objects import release_pods
 from support.waiting import wait_for
 
 REQUIRE_ENV = "KUBETRAIN_REQUIRE_CONTROL_PLANE"
@@ -110,23 +111,5 @@ def namespace(control_plane: ControlPlane, kube_api: Any, request: pytest.Fixtur
     wait_for(has_sa, 30, f"the default ServiceAccount in {name}")
     yield name
     core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
-    release_pods(core, name)
+    release_pods(core, name)  # the operator that would has stopped with its test
     core.delete_namespace(name)
-
-
-def release_pods(core: Any, namespace: str) -> None:
-    """Take kubetrain's log finalizer off the pods left in `namespace`: the operator that would
-    (operator/archive.py) has stopped with its test, or the test made the pods itself."""
-    from kubernetes import client
-
-    from kubetrain.api.naming import LOG_FINALIZER
-
-    for pod in core.list_namespaced_pod(namespace).items:
-        held = pod.metadata.finalizers or []
-        if LOG_FINALIZER in held:
-            kept = [f for f in held if f != LOG_FINALIZER]
-            try:
-                core.patch_namespaced_pod(pod.metadata.name, namespace, {"metadata": {"finalizers": kept or None}})
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    raise

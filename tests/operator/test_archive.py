@@ -19,7 +19,7 @@ from kubetrain.api.records import fold_checkpoints
 from kubetrain.operator import archive
 from kubetrain.operator.archive import NODE_BYTES, RELEASE_MARGIN_SECONDS, cut, node_budget
 from kubetrain.operator.controller import Controller, JobState
-from kubetrain.operator.kube import ApiError
+from kubetrain.operator.kube import ApiError, Refused
 from kubetrain.operator.pods import PodView
 from kubetrain.operator.progress import fold_checkpoints as fold_into_status
 from kubetrain.operator.settings import OperatorSettings
@@ -287,7 +287,7 @@ class ArchiveKube:
             self.writes.append(f"patch configmap {name} {[op['path'] for op in operations[1:]]}")
             return True
         if self.fail_release:
-            raise ApiError(403, b'{"message": "pods is forbidden"}')
+            raise Refused(403, "pods is forbidden")
         self.writes.append(f"release {name}")
         return True
 
@@ -353,7 +353,7 @@ def test_an_operator_that_dies_before_the_release_redoes_it_and_keeps_what_it_ke
     kube = ArchiveKube(dict(LOGS))
     kube.fail_release = True
     controller = restarting(kube)
-    with pytest.raises(ApiError):
+    with pytest.raises(Refused):
         asyncio.run(controller.reconcile(("ns", "j")))
     kube.fail_release = False
     del kube.logs["j-node-1"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,26 @@ CRASHING = (
     "if os.environ['NODE_RANK'] == '1':\n"
     "    raise ValueError('boom from rank 1')\n"
     "time.sleep(600)\n"
+)
+
+
+# Each node says so on SIGTERM, 3 s later (the time its trainer would take to checkpoint); node 0
+# also logs the checkpoint record it "wrote".
+STOPPING = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    rank = os.environ['NODE_RANK']
+    print('node', rank, 'up', flush=True)
+    def stop(signum, frame):
+        time.sleep(3)
+        if rank == '0':
+            record = {'event': 'checkpoint', 'time': time.time(), 'step': 7, 'path': '/ck/step-7'}
+            print(json.dumps({**record, 'reason': 'signal'}), flush=True)
+        print('node', rank, 'checkpointed on SIGTERM', flush=True)
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, stop)
+    time.sleep(600)
+    """
 )
 
 
@@ -213,3 +234,34 @@ def test_an_operator_killed_between_keeping_a_log_and_releasing_its_pod_recovers
     assert again.returncode == 0, again.stderr
     assert again.stdout.splitlines()[-1] == "[node-1] ValueError: boom from rank 1"
     assert "[node-1] Traceback (most recent call last):" in again.stdout
+
+
+def test_the_last_lines_of_a_pod_stopped_by_a_gang_restart_outlive_its_container(
+    crds_installed: ControlPlane, cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """A node deleted mid-run: the gang restarts, node 0 is stopped with its grace and logs the
+    checkpoint it writes on SIGTERM. The node removes each container's log the moment it has
+    stopped, as a real kubelet does, before anyone can read it after the exit: the operator
+    followed the logs while the pods stopped, and the checkpoint reaches status.lastCheckpoint."""
+    ns = cluster.namespace
+    with ProcessNode(
+        crds_installed.api_client, namespaces=[ns], workdir=tmp_path / "node", remove_deleted_logs=True
+    ) as node:
+        cluster.create_job("sigterm", nodes=2, command=[sys.executable, "-c", STOPPING])
+        cluster.wait_job("sigterm", has_condition("Running"), "Running", 60)
+        wait_for(lambda: "up" in node.logs(ns, "sigterm-node-1"), 30, "node 1 up")
+        cluster.core.delete_namespaced_pod("sigterm-node-1", ns)
+
+        def signal_checkpoint(job: dict[str, Any]) -> bool:
+            return ((job.get("status") or {}).get("lastCheckpoint") or {}).get("reason") == "signal"
+
+        done = cluster.wait_job("sigterm", signal_checkpoint, "the SIGTERM checkpoint in lastCheckpoint", 90)
+        assert done["status"]["attempt"] == 1 and done["status"]["lastCheckpoint"]["step"] == 7
+        # The node stops its pods one after the other: attempt 1 starts once both are released.
+        cluster.wait_pods("sigterm", 2, attempt=1, timeout=90)
+        kept = (archive(cluster, "sigterm", 0) or {})["data"]
+        assert kept["node-0.log"].splitlines()[-1] == "node 0 checkpointed on SIGTERM", kept
+        assert kept["node-1.log"].splitlines()[-1] == "node 1 checkpointed on SIGTERM", kept
+        cluster.delete_job("sigterm")
+        no_pods_left(cluster, "sigterm", 120)
+        assert node.errors == []

@@ -16,7 +16,7 @@ from kubernetes import client
 from support import controlplane
 from support.controlplane import ControlPlane, Unavailable
 from support.kubelet import FakeKubelet, schedulable_node
-from support.objects import Cluster, condition, has_condition
+from support.objects import Cluster, condition, has_condition, release_pods
 from support.operator_process import OperatorProcess
 from support.tools import missing_tool
 from support.waiting import wait_for
@@ -74,6 +74,7 @@ def cluster(gang_plane: ControlPlane, api: Any) -> Iterator[Cluster]:
     wait_for(lambda: core.list_namespaced_service_account(name).items, 30, f"the default ServiceAccount in {name}")
     yield Cluster(api, name)
     core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    release_pods(core, name)
     wait_for(lambda: not core.list_namespaced_pod(name).items, 30, f"the pods of {name} gone")
     core.delete_namespace(name)
 

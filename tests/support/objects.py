@@ -124,6 +124,23 @@ class Cluster:
         return result
 
 
+def release_pods(core: Any, namespace: str) -> None:
+    """Take kubetrain's log finalizer off the pods in `namespace`, as the operator does once it
+    kept their logs (operator/archive.py): for teardowns after the operator stopped, and for
+    tests that create pods without one."""
+    from kubernetes import client
+
+    for pod in core.list_namespaced_pod(namespace).items:
+        held = pod.metadata.finalizers or []
+        if naming.LOG_FINALIZER in held:
+            kept = [f for f in held if f != naming.LOG_FINALIZER]
+            try:
+                core.patch_namespaced_pod(pod.metadata.name, namespace, {"metadata": {"finalizers": kept or None}})
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+
 def condition(job: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return next((c for c in (job.get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
 

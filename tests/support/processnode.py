@@ -81,6 +81,7 @@ class ProcessNode:
         workdir: Path,
         node_name: str = "kubetrain-process-node",
         extra_env: dict[str, str] | None = None,
+        remove_deleted_logs: bool = False,
     ) -> None:
         self.api = new_api_client()
         self.core = client.CoreV1Api(self.api)
@@ -88,6 +89,9 @@ class ProcessNode:
         self.workdir = Path(workdir)
         self.node_name = node_name
         self.extra_env = extra_env or {}
+        # As a real kubelet does: a deleted pod's containers, and their logs, are removed as soon
+        # as they have stopped (before their status reaches anyone). Streams already open go on.
+        self.remove_deleted_logs = remove_deleted_logs
         self.pods: dict[str, _Pod] = {}
         self.deleted: set[str] = set()  # uids whose deletion this node has confirmed
         self.errors: list[str] = []
@@ -212,6 +216,9 @@ class ProcessNode:
                 if uid not in self.deleted:
                     if state is not None:
                         self._kill(state, grace=state.grace)
+                        if self.remove_deleted_logs:
+                            for name in state.procs:
+                                (state.workdir / f"{name}.log").unlink(missing_ok=True)
                         self._stopped(state)
                     self._confirm_deletion(pod)
                     self.deleted.add(uid)
