@@ -35,6 +35,9 @@ def test_a_failing_node_restarts_the_gang_until_max_restarts(tmp_path: Path) -> 
     assert [f["exitCode"] for f in result["failures"]] == [3, 3, 3]
     assert result["nodeExitCodes"] == [-signal.SIGTERM, 3]
     assert (tmp_path / "run" / "node-0.log").read_text().count("=== kubetrain: attempt") == 3
+    # Each attempt's own output, as a cluster's log archive keeps it (docs/logs.md).
+    attempts = sorted(p.relative_to(tmp_path / "run").as_posix() for p in (tmp_path / "run").glob("attempts/*/*"))
+    assert attempts == [f"attempts/{n}/node-{r}.log" for n in range(3) for r in range(2)]
     assert "(restart 2 of 2)" in done.stdout
 
 
