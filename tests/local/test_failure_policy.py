@@ -8,11 +8,14 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support.jobs import fake_job, write_job
 from support.local_runs import finish_run, run_status, summary
 
 from kubetrain.api.models import TrainingJobStatus
 from kubetrain.operator.status import get_condition
+
+pytestmark = pytest.mark.unit
 
 
 def run(job: dict[str, Any], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], TrainingJobStatus]:

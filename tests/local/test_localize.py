@@ -13,6 +13,8 @@ from kubetrain.api.training import CONFIG_ENV, TrainConfig
 from kubetrain.local import plan as local
 from kubetrain.operator import render
 
+pytestmark = pytest.mark.unit
+
 
 def rendered_env(pod: dict[str, object]) -> dict[str, str]:
     container = pod["spec"]["containers"][0]  # type: ignore[index]

@@ -16,6 +16,8 @@ from kubetrain.api.models import TrainingJob
 from kubetrain.local.plan import NodeProcess
 from kubetrain.local.volumes import NO_CHOICES, LocalChoices, UnmappableError, plan_volumes
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 BYO_DATA = ROOT / "examples" / "byo-data.yaml"
 
