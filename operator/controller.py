@@ -403,7 +403,7 @@ class Controller:
                 state.placement = await kueue_io.placement(self.kube, flavors, state.placement)
                 where = state.placement[1]
             except (ApiError, LookupError) as error:
-                # Namespaced mode without the grant (README, "Kueue"), or a flavor deleted
+                # Namespaced mode without the grant (docs/scheduling.md, "Kueue"), or a flavor deleted
                 # under a live admission: no pod may start off its flavor; retried with backoff.
                 message = f"the admitted ResourceFlavors ({', '.join(flavors)}) cannot be read: {error}"
                 return False, refusal.Refusal(True, "ResourceFlavorUnreadable", message)

@@ -300,7 +300,7 @@ PASSED_THROUGH = (
 
 
 def merge_template(pod: dict[str, Any], template: PodTemplate) -> dict[str, Any]:
-    """`pod` with the template merged in (the README's merge rules)."""
+    """`pod` with the template merged in (docs/pod-template.md's merge rules)."""
     meta, pod_spec = pod["metadata"], pod["spec"]
     if template.metadata and template.metadata.labels:
         meta["labels"] = {**template.metadata.labels, **meta["labels"]}

@@ -8,14 +8,14 @@ and `job.status` (hang detection and the late-crash rule read `status.progress`,
 callers fold from rank 0's records with `kubetrain.api.records.fold`).
 
 (About 480 lines: one short stage per concern of the decision, and the definitions below, which
-the README repeats, stand beside the stages that implement them.)
+docs/operator.md repeats, stand beside the stages that implement them.)
 
 `decide` is a dispatcher over named stages, each returning the Decision once it decided:
 finished (cleanup, TTL) → suspend → resume → gang mode (operator/podgroup.py) → first problem →
 restart-or-fail → success → stragglers → timeouts → stalled → placement (PodsScheduled) → converge (create
 what is missing, delete older attempts).
 
-Definitions the README repeats:
+Definitions docs/operator.md repeats:
   * Success: every node's pod of the current attempt exited 0 (phase Succeeded). A job
     whose rank 0 finished while another rank hangs stays Running until its deadline (or its
     hangTimeoutSeconds, see the late-crash rule).

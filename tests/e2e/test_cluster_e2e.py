@@ -13,7 +13,7 @@ log, the job's events, rank 0's log and the provider's own story (support.diagno
 
 The CPU knob: digits-cpu asks `cpu: "1"` per node and a one-node cluster of 2 CPUs cannot also
 fit the operator's 100m, so the chart is installed with `--set resources.requests.cpu=0`
-(README, "End to end").
+(docs/testing.md, "The CPU knob").
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from support.waiting import wait_for
 
 from kubetrain.api.records import records_in
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60 * 60)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60 * 60)]
 
 RELEASE = OPERATOR_NS = "kubetrain"
 JOB_NS = "e2e"

@@ -31,6 +31,8 @@ from kubetrain.trainer.dist import ContractError, MasterUnreachableError, hold_a
 from kubetrain.trainer.metrics import MetricsLogger
 from kubetrain.trainer.model import build_model
 
+pytestmark = pytest.mark.unit
+
 # --- env contract ---------------------------------------------------------------------------
 
 
