@@ -15,6 +15,8 @@ from kubetrain.local import plan as local
 from kubetrain.local.localize import SITE_DIR
 from kubetrain.operator import render
 
+pytestmark = pytest.mark.unit
+
 
 def rendered_env(pod: dict[str, object]) -> dict[str, str]:
     container = pod["spec"]["containers"][0]  # type: ignore[index]

@@ -17,7 +17,7 @@ from support.jobs import DIGITS_CPU, digits_job, write_job
 from support.local_runs import alive, records, run_cli, run_status, start_run, summary
 from support.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.unit, pytest.mark.slow]
 
 
 def final_state(run_dir: Path) -> dict[str, Any]:
