@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal, Protocol
 
-from kubetrain.api.models import TrainingJob
+from kubetrain.api.models import TrainingJob, TrainingJobStatus
 from kubetrain.cli.logs import LogSource
 
 BackendKind = Literal["kubernetes", "local"]
@@ -32,6 +32,10 @@ class Backend(Protocol):
 
     def get(self, name: str) -> TrainingJob:
         """The job with its status; JobNotFound when there is none."""
+        ...
+
+    def status(self, name: str) -> TrainingJobStatus:
+        """Only its status (what each `Job.wait` poll reads: the spec is not validated again)."""
         ...
 
     def list(self) -> list[TrainingJob]: ...

@@ -67,7 +67,7 @@ class Job:
 
     def status(self) -> TrainingJobStatus:
         """The typed status (`.phase`, `.conditions`, `.progress`, `.failures`, ...)."""
-        return self.get().status or TrainingJobStatus()
+        return self._backend.status(self.name)
 
     def wait(
         self, timeout: float | None = None, progress: bool = True, *, display: Display | None = None

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from kubetrain.api import naming
-from kubetrain.api.models import TrainingJob
+from kubetrain.api.models import TrainingJob, TrainingJobStatus
 from kubetrain.cli.logs import Cluster, api_client
 from kubetrain.client.errors import AlreadyExists, ApiError, ClientError, InvalidJob, JobNotFound
 
@@ -64,8 +64,16 @@ class KubernetesBackend:
     def namespace(self) -> str:
         return self._namespace
 
-    def _call(self, what: str, request: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """`request(*args, **kwargs)`, its refusal turned into the ClientError that says it."""
+    def _call(
+        self,
+        what: str,
+        request: Callable[..., Any],
+        *args: Any,
+        missing: type[ClientError] = JobNotFound,
+        **kwargs: Any,
+    ) -> Any:
+        """`request(*args, **kwargs)`, its refusal turned into the ClientError that says it (a 404:
+        `missing`)."""
         from kubernetes import client
         from urllib3.exceptions import HTTPError
 
@@ -74,7 +82,7 @@ class KubernetesBackend:
         except client.ApiException as error:
             message = f"{what}: {server_message(error)}"
             if error.status == 404:
-                raise JobNotFound(message) from None
+                raise missing(message) from None
             if error.status == 409:
                 raise AlreadyExists(message) from None
             if error.status == 422:
@@ -109,6 +117,7 @@ class KubernetesBackend:
             self.namespace,
             naming.PLURAL,
             body,
+            missing=ApiError,  # no such namespace, or no TrainingJob API (the CRD is not installed)
         )
         name, uid = created["metadata"]["name"], created["metadata"]["uid"]
         try:
@@ -118,6 +127,7 @@ class KubernetesBackend:
                     self.core.create_namespaced_config_map,
                     self.namespace,
                     _config_map(map_name, name, uid, data),
+                    missing=ApiError,
                 )
         except ClientError:
             # Without its ConfigMap the job's pods would wait forever: take the job back.
@@ -127,8 +137,8 @@ class KubernetesBackend:
 
     # --- read -----------------------------------------------------------------------------------
 
-    def get(self, name: str) -> TrainingJob:
-        found = self._call(
+    def _get(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = self._call(
             f"trainingjob {name} in namespace {self.namespace}",
             self.custom.get_namespaced_custom_object,
             naming.GROUP,
@@ -137,7 +147,19 @@ class KubernetesBackend:
             naming.PLURAL,
             name,
         )
-        return self._job(found)
+        return found
+
+    def get(self, name: str) -> TrainingJob:
+        return self._job(self._get(name))
+
+    def status(self, name: str) -> TrainingJobStatus:
+        document = self._get(name)
+        try:
+            return TrainingJobStatus.model_validate(document.get("status") or {})
+        except ValidationError as error:
+            raise ApiError(
+                f"trainingjob {name}: the server's status does not fit this client's models: {error}"
+            ) from None
 
     def list(self) -> list[TrainingJob]:
         listed = self._call(

@@ -143,6 +143,12 @@ class LocalBackend:
             raise JobNotFound(f"trainingjob {name}: {path} is not a TrainingJob: {error}") from None
         return job.model_copy(update={"status": read_status(run_dir)})
 
+    def status(self, name: str) -> TrainingJobStatus:
+        run_dir = self._dir(name)
+        if not (run_dir / JOB_FILE).is_file():
+            raise JobNotFound(f"trainingjob {name} not found in {self.root}")
+        return read_status(run_dir)
+
     def list(self) -> list[TrainingJob]:
         if not self.root.is_dir():
             return []

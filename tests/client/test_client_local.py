@@ -4,6 +4,9 @@ of a shipped function and of the built-in trainer; fake node scripts (no torch) 
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -195,3 +198,20 @@ def test_an_earlier_attempts_logs_and_a_run_of_the_command_read_from_its_files(t
     with pytest.raises(LogsUnavailable, match=r"attempt 5: the logs of the current attempt \(1\)"):
         job.logs(attempt=5)
     assert [record["event"] for record in job.metrics()] == []
+
+
+def test_the_quickstart_example_runs(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "client_quickstart.py"
+    done = subprocess.run([sys.executable, str(example)], cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "Succeeded after 0 restarts" in out
+    # Both ranks end with the same line fitted (DDP keeps the replicas equal), the one the data came from.
+    fitted = dict(re.findall(r"^\[node-\d\] rank (\d) of 2: (y = .*)$", out, re.MULTILINE))
+    assert sorted(fitted) == ["0", "1"] and fitted["0"] == fitted["1"], out
+    weight, bias = (float(v) for v in re.findall(r"[\d.]+", fitted["0"]))
+    assert abs(weight - 3) < 0.05 and abs(bias - 1) < 0.05, fitted
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("step ")] == [
+        str(s) for s in range(10, 101, 10)
+    ]
+    assert list((tmp_path / "runs").iterdir()) == []  # job.delete() took its run directory

@@ -50,11 +50,13 @@ class Scripted:
         self.settled = False
         self.live = live
 
-    def get(self, name: str) -> TrainingJob:
+    def status(self, name: str) -> TrainingJobStatus:
         current = self.statuses[min(self.reads, len(self.statuses) - 1)]
         self.reads += 1
-        doc = {"apiVersion": "kubetrain.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name}, "spec": {}}
-        return TrainingJob.model_validate(doc).model_copy(update={"status": current})
+        return current
+
+    def get(self, name: str) -> TrainingJob:
+        raise NotImplementedError
 
     def settle(self, name: str) -> None:
         self.settled = True
