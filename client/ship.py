@@ -10,8 +10,8 @@ of that source says (`symtable`, so a local variable is never mistaken for a glo
   trainer image)
 - a function or class of the function's own module (your notebook, script or module)
                                             -> its source, shipped by these same rules
-- a literal constant: None, bool, int, float, complex, str, bytes, and tuples, lists, sets and
-  dicts of them                             -> `LR = 0.003`
+- a literal constant: None, bool, int, float, complex, str, bytes, and tuples, lists, dicts and
+  non-empty sets of them (what reads back equal from its repr)  -> `LR = 0.003`
 - a builtin                                 -> nothing
 
 Everything else is refused before anything is created, with the reason: a lambda, a nested
@@ -44,7 +44,7 @@ from kubetrain.client.errors import ShipError
 
 FUTURE = "from __future__ import annotations"
 _LITERAL_ATOMS = (type(None), bool, int, float, complex, str, bytes)
-_LITERAL_CONTAINERS = (tuple, list, set, frozenset, dict)
+_LITERAL_CONTAINERS = (tuple, list, set, dict)
 
 
 @dataclass(frozen=True)

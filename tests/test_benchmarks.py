@@ -123,7 +123,6 @@ def test_client_overhead_benchmark_runs(tmp_path: Path) -> None:
     assert run["command"]["to_first_step_s"] > 0 and startup["ratio_client_to_command"]["median"] > 0
 
 
-@pytest.mark.bench
 @pytest.mark.cluster
 def test_client_overhead_benchmark_polls_a_cluster(control_plane: ControlPlane, tmp_path: Path) -> None:
     # control_plane: the benchmark starts its own from the same binaries (a missing one: the usual skip).

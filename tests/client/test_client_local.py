@@ -4,6 +4,7 @@ of a shipped function and of the built-in trainer; fake node scripts (no torch) 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -167,7 +168,10 @@ def test_follow_streams_a_running_job_and_delete_stops_it(client: Client) -> Non
         if len(seen) == 6:
             break
     assert sorted(seen) == sorted(f"[node-{r}] tick {i} of {r}" for r in (0, 1) for i in range(3))
-    pids = [p.pid for p in psutil.Process().children(recursive=True)]
+    # The node processes (pids.json: the supervisor's record of the current attempt's trees).
+    roots = json.loads((Path(client.namespace) / "ticks" / "pids.json").read_text())["pids"]
+    pids = [*roots, *(child.pid for root in roots for child in psutil.Process(root).children(recursive=True))]
+    assert len(roots) == 2 and all(running(pid) for pid in pids)
     job.delete()
     assert not (Path(client.namespace) / "ticks").exists()
     wait_for(lambda: not any(running(pid) for pid in pids), 30, "the nodes' processes gone")
