@@ -37,7 +37,7 @@ from kubetrain.client.spec import random_suffix
 from kubetrain.local.localize import LocalRunError
 from kubetrain.local.plan import check_commands, plan_job, write_run_files
 from kubetrain.local.run import run_supervisor
-from kubetrain.local.supervisor import STATUS_FILE, Supervisor
+from kubetrain.local.supervisor import ATTEMPT_BANNER, STATUS_FILE, Supervisor
 from kubetrain.local.view import PlainView, make_view
 from kubetrain.local.volumes import LocalChoices, UnmappableError
 
@@ -45,8 +45,6 @@ JOB_FILE = "job.yaml"
 SUMMARY_FILE = "summary.json"
 OUTPUT_FILE = "output.log"
 CONFIG_MAPS_SUBDIR = "configmaps"
-# The line the supervisor writes into node-<i>.log when it starts that node's attempt N.
-ATTEMPT_MARKER = "=== kubetrain: attempt {} ==="
 FOLLOW_POLL_S = 0.1
 
 
@@ -281,9 +279,9 @@ class _AttemptReader:
 
 
 def _marker(line: str) -> int | None:
-    prefix, suffix = ATTEMPT_MARKER.split("{}")
-    if line.startswith(prefix) and line.endswith(suffix):
-        number = line[len(prefix) : len(line) - len(suffix)]
+    """N, on the line the supervisor writes into node-<i>.log when it starts attempt N."""
+    if line.startswith(ATTEMPT_BANNER) and line.endswith(" ==="):
+        number = line[len(ATTEMPT_BANNER) : -len(" ===")]
         return int(number) if number.isdigit() else None
     return None
 

@@ -1,10 +1,13 @@
 """`torchrun -m kubetrain.trainer.function DIR`: call a function shipped by kubetrain.client's `train()`.
 
 DIR holds the shipped module and the call (`kubetrain.api.function`). Every rank loads the
-module, joins the process group of the env contract with `kubetrain.trainer.dist.distributed`
-(the job's backend and timeouts, from KUBETRAIN_CONFIG as the built-in trainer reads them) and
-calls the function with the call's arguments; inside it, `lib.context()` is this rank's
-DistContext. The return value is not sent anywhere: print or `lib.log0` what you want to keep.
+module, sets up the process group of the env contract as `lib.distributed()` does (the job's
+backend and timeouts, from KUBETRAIN_CONFIG as the built-in trainer reads them) and calls the
+function with the call's arguments; inside it, `lib.context()` is this rank's DistContext. The
+return value is not sent anywhere: print or `lib.log0` what you want to keep. It ends as the
+built-in trainer does: on success every rank meets (`dist.finish`), then each leaves with
+`os._exit` (kubetrain.trainer.ending says why); after a failure at once, without a teardown that
+could wait for a collective no peer will finish.
 
 Exit status: 0 when the function returned on this rank, 1 when it raised (its traceback is the
 end of the log, which becomes the pod's termination message and so the job's failure message),
@@ -28,6 +31,7 @@ from pydantic import ValidationError
 
 from kubetrain.api.function import CALL_FILE, RUNNER_MODULE, SOURCE_FILE, FunctionCall
 from kubetrain.api.training import TrainConfig
+from kubetrain.trainer.ending import leave
 
 # The shipped module's name on every rank; registered in sys.modules so that what its classes
 # pickle (torch.save of an object of a shipped class) loads again in the same run.
@@ -86,18 +90,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(rank)
     config = TrainConfig.from_env()
     try:
-        with kdist.distributed(
+        ctx = kdist.setup(
             config.backend,
             timeout_s=config.training.process_group_timeout_seconds,
             connect_timeout_s=config.training.connect_timeout_seconds,
-        ):
-            fn(*call.args, **call.kwargs)
+        )
     except kdist.ContractError as error:
         log.error("%s", error)
         return 1
+    try:
+        fn(*call.args, **call.kwargs)
     except Exception as error:
         print(f"[rank {rank}] {call.function}() raised:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         _tell_torchrun(error)
+        return 1
+    try:
+        kdist.finish(ctx, destroy=False)
+    except Exception:  # a peer that failed after this rank's function returned
+        log.exception("%s() returned, but the ranks' final meeting failed", call.function)
         return 1
     return 0
 
@@ -112,4 +122,4 @@ def _tell_torchrun(error: Exception) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())
