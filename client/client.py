@@ -87,9 +87,10 @@ class Client:
         spec: Mapping[str, Any] | None = None,
     ) -> Job:
         """Run `fn(*args, **kwargs)` on every rank of `nodes` x max(gpus_per_node, 1) processes under
-        torchrun, inside `kubetrain.trainer.lib.distributed()` (so `lib.context()` is the rank's
-        DistContext). `fn` is shipped by source (kubetrain.client.ship says what can be, and
-        anything else is refused before anything is created); args and kwargs travel as JSON.
+        torchrun, the process group set up as `kubetrain.trainer.lib.distributed()` does (so
+        `lib.context()` is the rank's DistContext). `fn` is shipped by source
+        (kubetrain.client.ship says what can be; anything else is refused before anything is
+        created); args and kwargs travel as JSON.
         `image` must hold kubetrain[worker] (default: the operator's trainer image). `name`
         defaults to the function's name plus a random suffix; `spec` adds TrainingJob spec
         fields (camelCase: {"runPolicy": {"maxRestarts": 0}, "resources": ...})."""

@@ -17,7 +17,7 @@ from kubetrain.trainer import lib
 SAMPLES_PER_RANK = 256
 
 
-# %% The training function. It runs on every rank, under torchrun, inside lib.distributed():
+# %% The training function. It runs on every rank, under torchrun, its process group set up:
 # lib.context() tells the rank, and lib.DDP averages the gradients across ranks. It is shipped
 # by source with what it reads: the module `torch`, `lib` and the constant SAMPLES_PER_RANK.
 def fit_line(lr: float, steps: int = 100) -> None:
