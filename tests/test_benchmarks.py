@@ -111,7 +111,6 @@ def test_teardown_stress_benchmark_runs(tmp_path: Path) -> None:
     assert result["totals"]["runs"] == 2 and result["totals"]["succeeded"] == 2
 
 
-@pytest.mark.bench
 @pytest.mark.slow
 def test_client_overhead_benchmark_runs(tmp_path: Path) -> None:
     result = run_benchmark("client_overhead.py", tmp_path / "client.json", "--repeats", "1", "--polls", "5")
@@ -123,7 +122,6 @@ def test_client_overhead_benchmark_runs(tmp_path: Path) -> None:
     assert run["command"]["to_first_step_s"] > 0 and startup["ratio_client_to_command"]["median"] > 0
 
 
-@pytest.mark.cluster
 def test_client_overhead_benchmark_polls_a_cluster(control_plane: ControlPlane, tmp_path: Path) -> None:
     # control_plane: the benchmark starts its own from the same binaries (a missing one: the usual skip).
     result = run_benchmark(
