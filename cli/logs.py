@@ -1,9 +1,10 @@
 """`kubetrain logs`: every node's log of a TrainingJob's attempt, read from the cluster.
 
 The pure half decides which pods to read and what to say about those that have no log
-(`plan`, table-tested); the I/O half (`run_logs`) reads the job and its pods with the
-kubernetes client, prints the logs or follows them (one thread per pod, one printer), each
-line prefixed `[node-i]` as `kubetrain run --local` prefixes them (`naming.node_line`).
+(`plan`, table-tested); the I/O half (`run_logs`) reads the job and its pods from a
+`LogSource` (`Cluster`: the kubernetes client; kubetrain.client's local backend: a local run),
+prints the logs or follows them (one thread per pod, one printer), each line prefixed
+`[node-i]` as `kubetrain run --local` prefixes them (`naming.node_line`).
 
 Pods are found by the labels the operator gives them (job name, job uid, attempt, rank): a
 gang restart deletes every pod of the failed attempt before it creates the next one under
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, Protocol, cast
 
 from kubetrain.api import naming
 from kubetrain.api.models import TrainingJobStatus
@@ -190,6 +191,23 @@ def api_client(kubeconfig: Path | None) -> Any:
     return config.new_client_from_config(config_file=str(kubeconfig) if kubeconfig else None)  # type: ignore[no-untyped-call]
 
 
+class LogSource(Protocol):
+    """The reads `run_logs` makes: the job (as its API object, camelCase), its pods, their logs."""
+
+    @property
+    def namespace(self) -> str: ...
+    def job(self, name: str) -> dict[str, Any]: ...
+    def pods(self, label_selector: str) -> list[NodePod]: ...
+    def pod(self, pod: NodePod) -> NodePod | None:
+        """`pod` as it is now; None once it is gone."""
+        ...
+
+    def log(self, pod: NodePod, tail: int | None) -> str: ...
+    def stream(self, pod: NodePod, tail: int | None) -> Iterator[str]:
+        """The log's lines (without line ends) as they come, until the container ends."""
+        ...
+
+
 @dataclass
 class Cluster:
     """The reads `kubetrain logs` makes; one object so the command has one place of I/O."""
@@ -217,35 +235,44 @@ class Cluster:
         pods = (NodePod.from_pod(self.api.sanitize_for_serialization(p)) for p in found.items)
         return [p for p in pods if p is not None]
 
-    def pod(self, name: str) -> NodePod | None:
+    def pod(self, pod: NodePod) -> NodePod | None:
         from kubernetes import client
 
         try:
-            pod = client.CoreV1Api(self.api).read_namespaced_pod(name, self.namespace)
+            found = client.CoreV1Api(self.api).read_namespaced_pod(pod.name, self.namespace)
         except client.ApiException as error:
             if error.status == 404:
                 return None
             raise
-        return NodePod.from_pod(self.api.sanitize_for_serialization(pod))
+        return NodePod.from_pod(self.api.sanitize_for_serialization(found))
 
-    def log(self, pod: str, tail: int | None) -> str:
+    def log(self, pod: NodePod, tail: int | None) -> str:
         from kubernetes import client
 
         text: str = client.CoreV1Api(self.api).read_namespaced_pod_log(
-            pod, self.namespace, container=naming.CONTAINER_NAME, tail_lines=tail
+            pod.name, self.namespace, container=naming.CONTAINER_NAME, tail_lines=tail
         )
         return text
 
-    def stream(self, pod: str, tail: int | None) -> Iterator[str]:
+    def stream(self, pod: NodePod, tail: int | None) -> Iterator[str]:
         from kubernetes import client, watch
 
         core = client.CoreV1Api(self.api)
         kwargs = {"container": naming.CONTAINER_NAME, "tail_lines": tail}
-        yield from watch.Watch().stream(core.read_namespaced_pod_log, pod, self.namespace, **kwargs)  # type: ignore[no-untyped-call]
+        yield from watch.Watch().stream(core.read_namespaced_pod_log, pod.name, self.namespace, **kwargs)  # type: ignore[no-untyped-call]
+
+
+def read_plan(cluster: LogSource, name: str, *, rank: int | None, previous: bool, follow: bool) -> Plan:
+    """The plan for trainingjob `name` as it is now (reads the job and its pods)."""
+    job = cluster.job(name)
+    status = TrainingJobStatus.model_validate(job.get("status") or {})
+    pods = cluster.pods(selector(name, job["metadata"]["uid"]))
+    nodes = job["spec"]["nodes"]
+    return plan(name, cluster.namespace, status, nodes, pods, rank=rank, previous=previous, follow=follow)
 
 
 def run_logs(
-    cluster: Cluster,
+    cluster: LogSource,
     name: str,
     *,
     rank: int | None,
@@ -257,12 +284,7 @@ def run_logs(
     poll: float = 1.0,
 ) -> int:
     """Print (or with `follow` stream) the logs; 0 when every asked-for node's log was read."""
-    job = cluster.job(name)
-    status = TrainingJobStatus.model_validate(job.get("status") or {})
-    pods = cluster.pods(selector(name, job["metadata"]["uid"]))
-    todo = plan(
-        name, cluster.namespace, status, job["spec"]["nodes"], pods, rank=rank, previous=previous, follow=follow
-    )
+    todo = read_plan(cluster, name, rank=rank, previous=previous, follow=follow)
     if previous and tail is None:
         tail = PREVIOUS_TAIL
     for problem in todo.problems:
@@ -271,14 +293,14 @@ def run_logs(
         _follow(cluster, [*todo.read, *todo.wait], tail, out, err, poll)
     else:
         for pod in todo.read:
-            for line in cluster.log(pod.name, tail).splitlines():
+            for line in cluster.log(pod, tail).splitlines():
                 print(naming.node_line(pod.rank, line), file=out)
         out.flush()
     return 1 if todo.problems else 0
 
 
 def _follow(
-    cluster: Cluster, pods: Sequence[NodePod], tail: int | None, out: IO[str], err: IO[str], poll: float
+    cluster: LogSource, pods: Sequence[NodePod], tail: int | None, out: IO[str], err: IO[str], poll: float
 ) -> None:
     """One reader thread per pod and one printer (this thread), so lines never interleave
     mid-line. Returns when every pod's stream has ended, each end said on `err`."""
@@ -296,7 +318,7 @@ def _follow(
 
 
 def _read(
-    cluster: Cluster,
+    cluster: LogSource,
     pod: NodePod,
     tail: int | None,
     poll: float,
@@ -309,7 +331,7 @@ def _read(
     try:
         current = _started(cluster, pod, poll)
         if current is not None and current.started:
-            for line in cluster.stream(pod.name, tail):
+            for line in cluster.stream(pod, tail):
                 send((out, naming.node_line(pod.rank, line)))
             current = _settled(cluster, pod, poll)
         send((err, ended_line(current, pod)))
@@ -320,23 +342,23 @@ def _read(
         send((None, ""))
 
 
-def _settled(cluster: Cluster, pod: NodePod, poll: float) -> NodePod | None:
+def _settled(cluster: LogSource, pod: NodePod, poll: float) -> NodePod | None:
     """`pod` once its phase says how it ended. The log stream closes when the container exits,
     a moment before the kubelet reports it (on a real node `-f` said "is Running" at the end of
     every pod); a stream that closes for another reason is reported after SETTLE_SECONDS."""
-    current = cluster.pod(pod.name)
+    current = cluster.pod(pod)
     deadline = time.monotonic() + SETTLE_SECONDS
     while current is not None and current.phase == "Running" and time.monotonic() < deadline:
         time.sleep(poll)
-        current = cluster.pod(pod.name)
+        current = cluster.pod(pod)
     return current
 
 
-def _started(cluster: Cluster, pod: NodePod, poll: float) -> NodePod | None:
+def _started(cluster: LogSource, pod: NodePod, poll: float) -> NodePod | None:
     """`pod` once its container has started, or as it is when it never will (blocked, ended
     without starting); None when it was deleted first."""
     current: NodePod | None = pod
     while current is not None and not current.started and not current.blocked() and current.phase == "Pending":
         time.sleep(poll)
-        current = cluster.pod(pod.name)
+        current = cluster.pod(pod)
     return current

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from support import controlplane, tiers, tools
 from support.controlplane import ControlPlane
+from support.operator_process import OperatorProcess
 from support.tiers import tiers_of
 from support.waiting import wait_for
 
@@ -97,3 +98,14 @@ def namespace(control_plane: ControlPlane, kube_api: Any, request: pytest.Fixtur
     yield name
     core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
     core.delete_namespace(name)
+
+
+@pytest.fixture
+def operator(crds_installed: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator (`kubetrain operator` in a subprocess), watching only this test's namespace."""
+    proc = OperatorProcess(crds_installed.kubeconfig, tmp_path / "operator.log", namespaces=namespace)
+    proc.start()
+    yield proc
+    proc.stop()
+    log = proc.log()
+    assert "Traceback" not in log, log[-5000:]

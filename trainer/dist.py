@@ -86,6 +86,11 @@ class DistContext:
         return self.env.rank == 0
 
 
+# The context of the process group `setup` initialised, until `teardown`: code called inside
+# someone else's `distributed()` (a function shipped by kubetrain.client) finds it here.
+_current: DistContext | None = None
+
+
 def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
     raw = environ.get(name)
     if raw is None or raw == "":
@@ -269,10 +274,24 @@ def setup(
     )
     # Only a client is kept: a master rank's own server must go with its process group.
     agent_store = raw_store if _under_torchrun_agent() else None
-    return DistContext(env=env, backend=backend, device=device, agent_store=agent_store)
+    global _current
+    _current = DistContext(env=env, backend=backend, device=device, agent_store=agent_store)
+    return _current
+
+
+def current() -> DistContext:
+    """This process's DistContext while its process group is up (see `setup`)."""
+    if _current is None or not (dist.is_available() and dist.is_initialized()):
+        raise ContractError(
+            "no kubetrain process group: call this inside `lib.distributed()` (a function run by "
+            "kubetrain.client's train() already is)"
+        )
+    return _current
 
 
 def teardown() -> None:
+    global _current
+    _current = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

@@ -3,9 +3,12 @@
 The API server answers `GET pods/<pod>/log` by calling the kubelet of the pod's node at
 `https://<node address>:<daemonEndpoints.kubeletEndpoint.Port>/containerLogs/<ns>/<pod>/<container>`
 (without checking the kubelet's certificate unless --kubelet-certificate-authority is set).
-`KubeletLogs` serves that path over TLS on 127.0.0.1 and registers itself as the kubelet
-endpoint of its FakeKubelet's Node; the pods that FakeKubelet binds then have the logs the test
-writes:
+`LogServer` serves that path over TLS on 127.0.0.1 and registers itself as the kubelet endpoint
+of a Node, reading the logs from a `read` function; `?follow=true` streams what it yields
+until it ends. Two users:
+
+- `KubeletLogs`, for a FakeKubelet's node: the pods it binds have the lines the test writes;
+- the process node (support.processnode), which serves its processes' real output.
 
     kubelet = FakeKubelet(api, node_name="kubetrain-log-node")   # a node of its own
     with KubeletLogs(kubelet, tmp_path) as logs:
@@ -19,6 +22,7 @@ import http.server
 import ssl
 import subprocess
 import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -26,14 +30,46 @@ from urllib.parse import parse_qs, urlparse
 
 from support.kubelet import FakeKubelet
 
+# (namespace, pod, container, tailLines or None, follow) -> the log's bytes, in chunks.
+LogReader = Callable[[str, str, str, int | None, bool], Iterable[bytes]]
+
+
+class LogServer:
+    def __init__(self, core: Any, node_name: str, workdir: Path, read: LogReader) -> None:
+        self.core, self.node_name, self.workdir, self.read = core, node_name, workdir, read
+        self.server: http.server.ThreadingHTTPServer | None = None
+
+    def start(self) -> None:
+        """Serve, and make the Node's only address 127.0.0.1 with this port as its kubelet's (the
+        API server tries a Hostname address first, which would not resolve)."""
+        cert, key = self.workdir / "kubelet.crt", self.workdir / "kubelet.key"
+        subject = ["-subj", "/CN=127.0.0.1", "-days", "1"]
+        ec_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key)]
+        subprocess.run(
+            ["openssl", "req", "-x509", *ec_key, "-out", str(cert), *subject], check=True, capture_output=True
+        )
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self.read))
+        self.server.daemon_threads = True
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        threading.Thread(target=self.server.serve_forever, name="kubelet-logs", daemon=True).start()
+        endpoint = {"kubeletEndpoint": {"Port": self.server.server_address[1]}}
+        addresses = [{"$patch": "replace"}, {"type": "InternalIP", "address": "127.0.0.1"}]
+        self.core.patch_node_status(self.node_name, {"status": {"addresses": addresses, "daemonEndpoints": endpoint}})
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
 
 class KubeletLogs:
     def __init__(self, kubelet: FakeKubelet, workdir: Path) -> None:
         self.kubelet = kubelet
-        self.workdir = workdir
         self.lines: dict[str, list[str]] = {}
         self.lock = threading.Lock()
-        self.server: http.server.ThreadingHTTPServer | None = None
+        self.server = LogServer(kubelet.core, kubelet.node_name, workdir, self._read)
 
     def write(self, pod: str, line: str) -> None:
         """Append a line to the log of the trainer container of `pod` (any namespace)."""
@@ -51,35 +87,22 @@ class KubeletLogs:
             kept = kept[-lines:] if lines else kept
             return "".join(f"{line}\n" for line in kept)
 
+    def _read(self, namespace: str, pod: str, container: str, tail: int | None, follow: bool) -> Iterable[bytes]:
+        # What was written so far, and the stream closes (as a container's that has exited).
+        return [self.tail(pod, tail).encode()]
+
     def __enter__(self) -> KubeletLogs:
-        cert, key = self.workdir / "kubelet.crt", self.workdir / "kubelet.key"
-        subject = ["-subj", "/CN=127.0.0.1", "-days", "1"]
-        ec_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key)]
-        subprocess.run(
-            ["openssl", "req", "-x509", *ec_key, "-out", str(cert), *subject], check=True, capture_output=True
-        )
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(cert, key)
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        threading.Thread(target=self.server.serve_forever, name="kubelet-logs", daemon=True).start()
         self.kubelet.ensure_node()
-        endpoint = {"kubeletEndpoint": {"Port": self.server.server_address[1]}}
-        addresses = [{"type": "InternalIP", "address": "127.0.0.1"}]
-        self.kubelet.core.patch_node_status(
-            self.kubelet.node_name, {"status": {"addresses": addresses, "daemonEndpoints": endpoint}}
-        )
+        self.server.start()
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+        self.server.stop()
 
 
-def _handler(logs: KubeletLogs) -> type[http.server.BaseHTTPRequestHandler]:
+def _handler(read: LogReader) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             url = urlparse(self.path)
@@ -87,13 +110,23 @@ def _handler(logs: KubeletLogs) -> type[http.server.BaseHTTPRequestHandler]:
             if len(parts) != 4 or parts[0] != "containerLogs":
                 self.send_error(404)
                 return
-            tail = parse_qs(url.query).get("tailLines", [""])[0]
-            body = logs.tail(parts[2], int(tail) if tail.isdigit() else None).encode()
+            query = parse_qs(url.query)
+            tail = query.get("tailLines", [""])[0]
+            follow = query.get("follow", [""])[0] == "true"
+            chunks = read(parts[1], parts[2], parts[3], int(tail) if tail.isdigit() else None, follow)
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
-            self.send_header("Content-Length", str(len(body)))
+            if not follow:
+                body = b"".join(chunks)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            # HTTP/1.0 without a length: the body is what comes until the connection closes.
             self.end_headers()
-            self.wfile.write(body)
+            for chunk in chunks:
+                self.wfile.write(chunk)
+                self.wfile.flush()
 
         def log_message(self, format: str, *args: Any) -> None:
             """Quiet: the operator reads every progress interval."""
