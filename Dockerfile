@@ -27,6 +27,7 @@ COPY operator/ operator/
 COPY local/ local/
 COPY trainer/ trainer/
 COPY cli/ cli/
+COPY client/ client/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # --- operator: kopf + kubernetes client, no torch ---------------------------------------------

@@ -7,8 +7,9 @@ traceback is there after the gang restart and after `cleanPodPolicy` deleted its
 
 The pure half decides which attempt, which pods and which archived logs to read and what to say
 about the ranks that have neither (`choose_attempt`, `plan`, table-tested); the I/O half reads
-through the kubernetes client:
-  * `attempt_logs(cluster, name, attempt=N, rank=R, tail=T)` -> `AttemptLogs` (rank -> text),
+from a `LogSource` (`Cluster`: the kubernetes client; kubetrain.client's local backend: a local
+run's files):
+  * `attempt_logs(source, name, attempt=N, rank=R, tail=T)` -> `AttemptLogs` (rank -> text),
     the reusable read (`kubetrain.client` uses it);
   * `run_logs(...)` prints one attempt, each line prefixed `[node-i]` as `kubetrain run --local`
     prefixes them (`naming.node_line`), or with `follow` streams the job from that attempt on,
@@ -26,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, Protocol, cast
 
 from kubetrain.api import naming
 from kubetrain.api.models import TrainingJobStatus
@@ -62,7 +63,6 @@ class NodePod:
     started: bool  # the trainer container runs or ran (restartPolicy Never: once): it has a log
     waiting: str | None = None  # the trainer container's waiting reason
     message: str = ""  # why it waits, or why the pod is not scheduled
-    job_uid: str = ""
 
     @staticmethod
     def from_pod(pod: Mapping[str, Any]) -> NodePod | None:
@@ -94,7 +94,6 @@ class NodePod:
             started="running" in state or "terminated" in state,
             waiting=waiting.get("reason") if waiting else None,
             message=(why or {}).get("message") or "",
-            job_uid=labels.get(naming.LABEL_JOB_UID, ""),
         )
 
     def blocked(self) -> bool:
@@ -267,6 +266,33 @@ def api_client(kubeconfig: Path | None) -> Any:
     return config.new_client_from_config(config_file=str(kubeconfig) if kubeconfig else None)  # type: ignore[no-untyped-call]
 
 
+class LogSource(Protocol):
+    """The reads `kubetrain logs` makes: the job (as its API object, camelCase), its pods, their
+    logs, and its log archives."""
+
+    @property
+    def namespace(self) -> str: ...
+    def job(self, name: str) -> dict[str, Any]:
+        """The job; LogsError when there is none."""
+        ...
+
+    def pods(self, label_selector: str) -> list[NodePod]: ...
+    def pod(self, pod: NodePod) -> NodePod | None:
+        """`pod` as it is now; None once it is gone."""
+        ...
+
+    def log(self, pod: NodePod, tail: int | None) -> str: ...
+    def stream(self, pod: NodePod, tail: int | None) -> Iterator[str]:
+        """The log's lines (without line ends) as they come, until the container ends."""
+        ...
+
+    def archive(self, name: str, uid: str, attempt: int) -> dict[int, str] | None:
+        """rank -> archived log of the attempt; None when it has no archive."""
+        ...
+
+    def archived_attempts(self, name: str, uid: str) -> list[int]: ...
+
+
 @dataclass
 class Cluster:
     """The reads `kubetrain logs` makes; one object so the command has one place of I/O."""
@@ -275,12 +301,6 @@ class Cluster:
     namespace: str
 
     def job(self, name: str) -> dict[str, Any]:
-        found = self.job_or_none(name)
-        if found is None:
-            raise LogsError(f"trainingjob {name} not found in namespace {self.namespace}")
-        return found
-
-    def job_or_none(self, name: str) -> dict[str, Any] | None:
         from kubernetes import client
 
         try:
@@ -289,7 +309,7 @@ class Cluster:
             )
         except client.ApiException as error:
             if error.status == 404:
-                return None
+                raise LogsError(f"trainingjob {name} not found in namespace {self.namespace}") from None
             raise
         return cast(dict[str, Any], job)
 
@@ -300,31 +320,31 @@ class Cluster:
         pods = (NodePod.from_pod(self.api.sanitize_for_serialization(p)) for p in found.items)
         return [p for p in pods if p is not None]
 
-    def pod(self, name: str) -> NodePod | None:
+    def pod(self, pod: NodePod) -> NodePod | None:
         from kubernetes import client
 
         try:
-            pod = client.CoreV1Api(self.api).read_namespaced_pod(name, self.namespace)
+            found = client.CoreV1Api(self.api).read_namespaced_pod(pod.name, self.namespace)
         except client.ApiException as error:
             if error.status == 404:
                 return None
             raise
-        return NodePod.from_pod(self.api.sanitize_for_serialization(pod))
+        return NodePod.from_pod(self.api.sanitize_for_serialization(found))
 
-    def log(self, pod: str, tail: int | None) -> str:
+    def log(self, pod: NodePod, tail: int | None) -> str:
         from kubernetes import client
 
         text: str = client.CoreV1Api(self.api).read_namespaced_pod_log(
-            pod, self.namespace, container=naming.CONTAINER_NAME, tail_lines=tail
+            pod.name, self.namespace, container=naming.CONTAINER_NAME, tail_lines=tail
         )
         return text
 
-    def stream(self, pod: str, tail: int | None) -> Iterator[str]:
+    def stream(self, pod: NodePod, tail: int | None) -> Iterator[str]:
         from kubernetes import client, watch
 
         core = client.CoreV1Api(self.api)
         kwargs = {"container": naming.CONTAINER_NAME, "tail_lines": tail}
-        yield from watch.Watch().stream(core.read_namespaced_pod_log, pod, self.namespace, **kwargs)  # type: ignore[no-untyped-call]
+        yield from watch.Watch().stream(core.read_namespaced_pod_log, pod.name, self.namespace, **kwargs)  # type: ignore[no-untyped-call]
 
     def archive(self, name: str, uid: str, attempt: int) -> dict[int, str] | None:
         """rank -> archived log of the attempt's log archive; None when there is none of this job."""
@@ -345,15 +365,18 @@ class Cluster:
     def archived_attempts(self, name: str, uid: str) -> list[int]:
         from kubernetes import client
 
-        found = client.CoreV1Api(self.api).list_namespaced_config_map(
-            self.namespace, label_selector=naming.log_archive_selector(name, uid)
-        )
+        try:
+            found = client.CoreV1Api(self.api).list_namespaced_config_map(
+                self.namespace, label_selector=naming.log_archive_selector(name, uid)
+            )
+        except client.ApiException as error:  # no `list configmaps` for this user: say what is known
+            raise LogsError(f"listing the log archives is forbidden: {error.reason}") from None
         labels = (((c.metadata and c.metadata.labels) or {}).get(naming.LABEL_ATTEMPT, "") for c in found.items)
         return sorted(int(value) for value in labels if value.isdigit())
 
 
 def attempt_logs(
-    cluster: Cluster,
+    cluster: LogSource,
     name: str,
     *,
     attempt: int | None = None,
@@ -374,28 +397,26 @@ def attempt_logs(
     try:
         todo = plan(name, cluster.namespace, status, nodes, pods, rank=rank, attempt=number, archived=archived)
     except NothingToRead as nothing:
-        from kubernetes import client
-
         try:
             kept = ", ".join(map(str, cluster.archived_attempts(name, uid))) or "none"
-        except client.ApiException as error:  # no `list configmaps` for this user: say what is known
-            kept = f"unknown ({error.reason})"
+        except LogsError as error:
+            kept = f"unknown ({error})"
         raise LogsError(f"{nothing}; archived attempts: {kept}") from None
-    from kubernetes import client
-
     archive = f"archive {naming.log_archive_name(name, number)}"
     logs: dict[int, str] = {}
     sources: dict[int, str] = {}
     problems = list(todo.problems)
     for pod in todo.read:
         try:
-            logs[pod.rank], sources[pod.rank] = cluster.log(pod.name, tail), f"pod {pod.name}"
-        except client.ApiException as error:  # removed since it was listed: its archive has it
+            logs[pod.rank], sources[pod.rank] = cluster.log(pod, tail), f"pod {pod.name}"
+        # Any error (the container removed since the pod was listed, the node gone): that
+        # node's archive may have it, and the other nodes are read all the same.
+        except Exception as error:
             archived = archived if archived is not None else cluster.archive(name, uid, number) or {}
             if pod.rank in archived:
                 logs[pod.rank], sources[pod.rank] = last_lines(archived[pod.rank], tail), archive
             else:
-                problems.append(naming.node_line(pod.rank, f"reading the log of pod {pod.name} failed: {error.reason}"))
+                problems.append(naming.node_line(pod.rank, f"reading the log of pod {pod.name} failed: {error}"))
     for r in todo.archived:
         assert archived is not None
         logs[r], sources[r] = last_lines(archived[r], tail), archive
@@ -403,7 +424,7 @@ def attempt_logs(
 
 
 def run_logs(
-    cluster: Cluster,
+    cluster: LogSource,
     name: str,
     *,
     rank: int | None,
@@ -438,7 +459,7 @@ Said = tuple[IO[str] | None, str]  # a line for out or err; (None, "") ends a re
 
 
 def follow_logs(
-    cluster: Cluster,
+    cluster: LogSource,
     name: str,
     *,
     rank: int | None = None,
@@ -469,7 +490,7 @@ def follow_logs(
 
 
 def _follow_attempt(
-    cluster: Cluster,
+    cluster: LogSource,
     name: str,
     uid: str,
     attempt: int,
@@ -496,15 +517,14 @@ def _follow_attempt(
     return len(failed)
 
 
-def _next_attempt(cluster: Cluster, name: str, uid: str, attempt: int, err: IO[str], poll: float) -> int | None:
+def _next_attempt(cluster: LogSource, name: str, uid: str, attempt: int, err: IO[str], poll: float) -> int | None:
     """The attempt after `attempt` once the job has started it; None when the job finished, is
     suspended or was deleted (said on `err`)."""
     while True:
-        job = cluster.job_or_none(name)
-        if job is None or job["metadata"]["uid"] != uid:
+        status = _status(cluster, name, uid)
+        if status is None:
             print(f"[kubetrain] trainingjob {name} was deleted", file=err, flush=True)
             return None
-        status = TrainingJobStatus.model_validate(job.get("status") or {})
         if status.attempt > attempt:
             return attempt + 1
         if finished(status):
@@ -515,12 +535,23 @@ def _next_attempt(cluster: Cluster, name: str, uid: str, attempt: int, err: IO[s
         time.sleep(poll)
 
 
+def _status(cluster: LogSource, name: str, uid: str) -> TrainingJobStatus | None:
+    """The job's status; None once it is gone (or is another job of the same name)."""
+    try:
+        job = cluster.job(name)
+    except LogsError:
+        return None
+    if job["metadata"]["uid"] != uid:
+        return None
+    return TrainingJobStatus.model_validate(job.get("status") or {})
+
+
 @dataclass
 class _Reader:
     """Follows node `rank` of `attempt`: waits for its pod, streams its log, says how it ended;
     prints its archived log instead when the pod is gone before it could be read."""
 
-    cluster: Cluster
+    cluster: LogSource
     name: str
     uid: str
     attempt: int
@@ -550,18 +581,13 @@ class _Reader:
     def _pod(self) -> NodePod | None:
         """This rank's pod of the attempt once it exists; None once it cannot come any more (the
         job moved on to a later attempt, finished, or is gone)."""
-        pod_name = naming.pod_name(self.name, self.rank)
         while True:
-            pod = self.cluster.pod(pod_name)
-            if pod is not None and pod.job_uid == self.uid and pod.attempt == self.attempt:
-                return pod
-            if pod is not None and pod.job_uid == self.uid and pod.attempt > self.attempt:
-                return None
-            job = self.cluster.job_or_none(self.name)
-            if job is None or job["metadata"]["uid"] != self.uid:
-                return None
-            status = TrainingJobStatus.model_validate(job.get("status") or {})
-            if status.attempt > self.attempt or finished(status):
+            pods = self.cluster.pods(selector(self.name, self.uid, self.attempt))
+            found = next((p for p in pods if (p.attempt, p.rank) == (self.attempt, self.rank)), None)
+            if found is not None:
+                return found
+            status = _status(self.cluster, self.name, self.uid)
+            if status is None or status.attempt > self.attempt or finished(status):
                 return None
             time.sleep(self.poll)
 
@@ -574,12 +600,16 @@ class _Reader:
                 self.failed.append(self.rank)
                 self.send((self.err, ended_line(current, pod, self.line)))
             return current is not None
-        from kubernetes import client
-
+        streamed = False
         try:
-            for text in self.cluster.stream(pod.name, self.tail):
+            for text in self.cluster.stream(pod, self.tail):
+                streamed = True
                 self.send((self.out, self.line(self.rank, text)))
-        except client.ApiException:  # its container was removed before it could be read
+        # Its container removed before it could be read (a deleted pod's, by the kubelet): the
+        # archive has its tail. An error after some lines were streamed is the reader's failure.
+        except Exception:
+            if streamed or _now(self.cluster, pod) is not None:
+                raise
             return False
         self.send((self.err, ended_line(_settled(self.cluster, pod, self.poll), pod, self.line)))
         return True
@@ -596,14 +626,13 @@ class _Reader:
         self.send((self.err, self.line(self.rank, f"log ended: read from the archive {archive} (its pod is gone)")))
 
 
-def _now(cluster: Cluster, pod: NodePod) -> NodePod | None:
+def _now(cluster: LogSource, pod: NodePod) -> NodePod | None:
     """`pod` as it is now; None when it is gone (its name may belong to a later attempt's pod)."""
-    current = cluster.pod(pod.name)
-    same = current is not None and (current.attempt, current.job_uid) == (pod.attempt, pod.job_uid)
-    return current if same else None
+    current = cluster.pod(pod)
+    return current if current is not None and current.attempt == pod.attempt else None
 
 
-def _settled(cluster: Cluster, pod: NodePod, poll: float) -> NodePod | None:
+def _settled(cluster: LogSource, pod: NodePod, poll: float) -> NodePod | None:
     """`pod` once its phase says how it ended. The log stream closes when the container exits,
     a moment before the kubelet reports it (on a real node `-f` said "is Running" at the end of
     every pod); a stream that closes for another reason is reported after SETTLE_SECONDS."""
@@ -615,7 +644,7 @@ def _settled(cluster: Cluster, pod: NodePod, poll: float) -> NodePod | None:
     return current
 
 
-def _started(cluster: Cluster, pod: NodePod, poll: float) -> NodePod | None:
+def _started(cluster: LogSource, pod: NodePod, poll: float) -> NodePod | None:
     """`pod` once its container has started, or as it is when it never will (blocked, ended
     without starting); None when it was deleted first."""
     current: NodePod | None = pod

@@ -200,13 +200,19 @@ def make_plan(
 ) -> LocalPlan:
     """Load, validate and render everything; raises InvalidTrainingJob or LocalRunError on bad input."""
     job = apply_overrides(load_job(path), nodes=nodes, gpus_per_node=gpus_per_node)
+    return plan_job(job, run_dir=run_dir or default_run_dir(job, now), choices=choices)
+
+
+def plan_job(job: TrainingJob, *, run_dir: Path, choices: LocalChoices = NO_CHOICES) -> LocalPlan:
+    """The plan of a validated job (`make_plan` for a file; kubetrain.client for a model); raises
+    LocalRunError or UnmappableError on what this machine cannot run, before anything starts."""
     if job.spec.run_policy.suspend:
         # The operator would hold the gang until the field is cleared; nothing clears it here.
         raise LocalRunError("spec.runPolicy.suspend: a suspended job starts no pods; set it to false to run it")
     devices = device_slices(job, visible_gpus() if job.spec.gpus_per_node else [])
     plan = LocalPlan(
         job=job,
-        run_dir=run_dir or default_run_dir(job, now),
+        run_dir=run_dir,
         uid=str(uuid.uuid4()),
         devices=devices,
         node_addrs=["127.0.0.1"] * job.spec.nodes,
@@ -247,6 +253,12 @@ def write_run_files(plan: LocalPlan, nodes: Sequence[NodeProcess]) -> None:
     (plan.run_dir / "pods.yaml").write_text(yaml.safe_dump_all(plan.pods(attempt=0), sort_keys=False))
     (plan.run_dir / "local-rewrites.json").write_text(json.dumps(describe_rewrites(nodes), indent=2) + "\n")
     plan.volumes.prepare(plan.run_dir)
+
+
+def check_commands(plan: LocalPlan) -> None:
+    """Refuse, naming the field, a node command that cannot start here."""
+    for node in plan.nodes(attempt=0, master_port=plan.job.spec.master_port):
+        check_command(node)
 
 
 def check_command(node: NodeProcess) -> None:

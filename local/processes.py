@@ -20,6 +20,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -50,14 +51,27 @@ class ProcessTree:
         return self.proc.poll() is None
 
 
+_subreaper_users = 0
+_subreaper_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def subreaper() -> Iterator[None]:
-    """Make this process the reaper of its orphaned descendants while the block runs."""
-    _set_subreaper(True)
+    """Make this process the reaper of its orphaned descendants while the block runs. Blocks may
+    nest or overlap (kubetrain.client supervises several local jobs in threads): it stays on until
+    the last one ends."""
+    global _subreaper_users
+    with _subreaper_lock:
+        _subreaper_users += 1
+        if _subreaper_users == 1:
+            _set_subreaper(True)
     try:
         yield
     finally:
-        _set_subreaper(False)
+        with _subreaper_lock:
+            _subreaper_users -= 1
+            if _subreaper_users == 0:
+                _set_subreaper(False)
 
 
 def _set_subreaper(on: bool) -> None:

@@ -13,11 +13,11 @@ from typing import TextIO
 from kubetrain.api.manifest import InvalidTrainingJob
 from kubetrain.local import netns as netns_mod
 from kubetrain.local.localize import LocalRunError
-from kubetrain.local.plan import LocalPlan, check_command, claim_run_dir, make_plan, write_run_files
+from kubetrain.local.plan import LocalPlan, check_commands, claim_run_dir, make_plan, write_run_files
 from kubetrain.local.plot import plot_run
 from kubetrain.local.result import EXIT_BAD_INPUT, EXIT_FAILED
 from kubetrain.local.supervisor import NodeStartError, Supervisor
-from kubetrain.local.view import make_view
+from kubetrain.local.view import PlainView, make_view
 from kubetrain.local.volumes import NO_CHOICES, LocalChoices, UnmappableError
 from kubetrain.operator.decision import DEFAULT_POLICY, Policy
 
@@ -46,8 +46,7 @@ def run_local(
             now=time.strftime("%Y%m%d-%H%M%S"),
             choices=choices,
         )
-        for node in plan.nodes(attempt=0, master_port=plan.job.spec.master_port):
-            check_command(node)
+        check_commands(plan)
     except (InvalidTrainingJob, LocalRunError, UnmappableError) as error:
         print(f"error: {error}", file=err)
         return EXIT_BAD_INPUT
@@ -81,12 +80,19 @@ def in_namespaces(plan: LocalPlan, stack: contextlib.ExitStack) -> LocalPlan:
 def supervise(plan: LocalPlan, out: TextIO, err: TextIO, policy: Policy = DEFAULT_POLICY) -> int:
     """Run the gang to its end, then the plot and the summary; returns the exit code."""
     view = make_view(out)
+    return run_supervisor(Supervisor(plan, view, policy=policy), view, err)
+
+
+def run_supervisor(supervisor: Supervisor, view: PlainView, err: TextIO) -> int:
+    """`supervise` with a Supervisor made by the caller (kubetrain.client keeps it, to read its
+    nodes' phases and to stop it from another thread)."""
+    plan = supervisor.plan
     try:
         view.begin(plan)
         for line in plan.volumes.describe(plan.run_dir):
             view.notice(line)
         try:
-            result = Supervisor(plan, view, policy=policy).run()
+            result = supervisor.run()
         except NodeStartError as error:
             view.close()
             print(f"error: {error}", file=err)

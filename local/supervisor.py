@@ -130,6 +130,10 @@ class Supervisor:
         # As the kubelet does: SIGTERM, then SIGKILL after the pods' terminationGracePeriodSeconds,
         # in which the trainer checkpoints the step it is at (kubetrain.trainer.stopping).
         self.grace_s = float(grace_seconds(plan.job)) if grace_s is None else grace_s
+        # Set from another thread (kubetrain.client's Job.delete): stop every node, as a Ctrl-C does.
+        self.stop_requested = threading.Event()
+        # (attempt, rank) -> the phase its pod would have; see node_phases.
+        self._phases: dict[tuple[int, int], str] = {}
         self.job = plan.job.model_copy(update={"status": TrainingJobStatus()})
         self.nodes: dict[str, _Node] = {}
         self.result = RunResult("Failed", "", plan.run_dir)
@@ -148,6 +152,12 @@ class Supervisor:
     def status(self) -> TrainingJobStatus:
         assert self.job.status is not None
         return self.job.status
+
+    def node_phases(self) -> dict[tuple[int, int], str]:
+        """(attempt, rank) -> the phase of every node process this run started, as its pod's phase
+        would read: Running, then Succeeded or Failed once the process exited and all its output is
+        in node-<rank>.log. A snapshot, safe to take from another thread."""
+        return dict(self._phases)
 
     # --- signals -------------------------------------------------------------------------
 
@@ -206,6 +216,10 @@ class Supervisor:
                 self.view.notice(f"{name}: stopping all nodes")
                 self.result.outcome, self.result.reason, self.result.signal = "Interrupted", name, self._signal
                 return
+            if self.stop_requested.is_set():
+                self.view.notice("stop requested: stopping all nodes")
+                self.result.outcome, self.result.reason = "Interrupted", "Stopped"
+                return
             self._reconcile()
             for outcome in ("Succeeded", "Failed"):
                 if is_true(self.status, outcome):
@@ -221,7 +235,10 @@ class Supervisor:
             node.finished = now
         # Its last lines (a `done` record, the error of a failed node) before its pod view.
         self._drain(exited, READ_TAIL_S)
-        pods = [node.view(self.plan.uid) for node in self.nodes.values()]
+        pods = []
+        for node in self.nodes.values():
+            pods.append(node.view(self.plan.uid))
+            self._phases[(node.attempt, node.spec.rank)] = pods[-1].phase
         decision = decide(self.job, self.plan.uid, pods, True, now, self.policy)
         if forensics.wanted(self.status, decision.status):
             # As the operator does: every rank's stacks, from the node logs, name the one that hung.
@@ -276,6 +293,7 @@ class Supervisor:
             self._attempt_logs[attempt, spec.rank] = open(path, "a")  # noqa: SIM115
             node = _Node(spec, attempt, self._launch(spec), _now())
             self.nodes[spec.pod_name] = node
+            self._phases[(attempt, spec.rank)] = "Running"
             for name, pipe in (("stdout", node.tree.proc.stdout), ("stderr", node.tree.proc.stderr)):
                 node.readers.append(threading.Thread(target=self._read, args=(node, name, pipe), daemon=True))
                 node.readers[-1].start()
@@ -314,6 +332,7 @@ class Supervisor:
         for node in nodes:
             del self.nodes[node.spec.pod_name]
             self._codes.setdefault(node.attempt, {})[node.spec.rank] = node.tree.proc.returncode
+            self._phases[(node.attempt, node.spec.rank)] = "Succeeded" if node.tree.proc.returncode == 0 else "Failed"
             self._close_attempt_logs((node.attempt, node.spec.rank))
 
     # --- output --------------------------------------------------------------------------

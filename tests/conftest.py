@@ -21,6 +21,7 @@ import pytest
 from support import controlplane, tiers, tools
 from support.controlplane import ControlPlane
 from support.objects import release_pods
+from support.operator_process import OperatorProcess
 from support.tiers import tiers_of
 from support.waiting import wait_for
 
@@ -99,3 +100,14 @@ def namespace(control_plane: ControlPlane, kube_api: Any, request: pytest.Fixtur
     core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
     release_pods(core, name)  # the operator that would has stopped with its test
     core.delete_namespace(name)
+
+
+@pytest.fixture
+def operator(crds_installed: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator (`kubetrain operator` in a subprocess), watching only this test's namespace."""
+    proc = OperatorProcess(crds_installed.kubeconfig, tmp_path / "operator.log", namespaces=namespace)
+    proc.start()
+    yield proc
+    proc.stop()
+    log = proc.log()
+    assert "Traceback" not in log, log[-5000:]

@@ -109,3 +109,23 @@ def test_teardown_stress_benchmark_runs(tmp_path: Path) -> None:
         assert set(run["markers"]) == {"terminate_called", "exit_barrier", "traceback"}
     assert builtin["clean"], builtin
     assert result["totals"]["runs"] == 2 and result["totals"]["succeeded"] == 2
+
+
+@pytest.mark.slow
+def test_client_overhead_benchmark_runs(tmp_path: Path) -> None:
+    result = run_benchmark("client_overhead.py", tmp_path / "client.json", "--repeats", "1", "--polls", "5")
+    local = result["per_poll"]["local"]
+    assert local["polls"] == 5 and local["wall_ms"]["median"] > 0 and local["cpu_ms"]["median"] > 0
+    startup = result["startup"]
+    (run,) = startup["runs"]
+    assert run["client"]["to_first_step_s"] > run["client"]["call_returned_s"] > 0
+    assert run["command"]["to_first_step_s"] > 0 and startup["ratio_client_to_command"]["median"] > 0
+
+
+def test_client_overhead_benchmark_polls_a_cluster(control_plane: ControlPlane, tmp_path: Path) -> None:
+    # control_plane: the benchmark starts its own from the same binaries (a missing one: the usual skip).
+    result = run_benchmark(
+        "client_overhead.py", tmp_path / "client.json", "--repeats", "0", "--polls", "5", "--cluster"
+    )
+    assert result["per_poll"]["kubernetes"]["polls"] == 5 and result["per_poll"]["kubernetes"]["wall_ms"]["median"] > 0
+    assert result["startup"] == {"repeats": 0}

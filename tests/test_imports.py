@@ -1,6 +1,7 @@
 """Each image ships only its part: the API needs neither torch nor kopf, the trainer imports without
-kopf/kubernetes or the CLI's libraries, the operator without torch; the packages import each other
-without cycles (api <- trainer, api <- operator <- local <- cli)."""
+kopf/kubernetes or the CLI's libraries, the operator without torch, the client without kopf or torch;
+the packages import each other without cycles (api <- trainer, api <- operator <- local <- cli,
+api/local/cli <- client, which nothing imports)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ PROBE = textwrap.dedent(
         ("kubetrain.trainer", "kopf,kubernetes,typer,rich,matplotlib,kubetrain.operator,kubetrain.local"),
         ("kubetrain.operator", "torch,matplotlib,kubetrain.local,kubetrain.trainer"),
         ("kubetrain.local", "kopf,kubernetes,torch,kubetrain.trainer"),
+        # Every module, the local backend's included (the local runner imports the operator's
+        # pure render and gang decision, never kopf).
+        ("kubetrain.client", "kopf,torch,kubetrain.trainer"),
     ],
 )
 def test_package_imports_without_the_other_half(package: str, blocked: str) -> None:
@@ -55,6 +59,15 @@ def test_package_imports_without_the_other_half(package: str, blocked: str) -> N
     )
     assert result.returncode == 0, result.stderr
     assert int(result.stdout.strip()) >= 2, "expected to import several modules"
+
+
+def test_the_client_alone_imports_no_backend() -> None:
+    """`from kubetrain.client import Client` in a notebook: each backend is imported by the Client
+    that uses it, so the package itself pulls in neither the Kubernetes client nor the local runner."""
+    heavy = ("kopf", "torch", "kubernetes", "rich", "matplotlib", "kubetrain.local", "kubetrain.operator")
+    code = f"import sys, kubetrain.client; print(sorted(m for m in sys.modules if m.startswith({heavy!r})))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "[]", result.stderr
 
 
 def test_the_bare_name_operator_is_still_the_stdlib() -> None:
@@ -82,6 +95,7 @@ PACKAGES = {
     "local": "kubetrain.local",
     "trainer": "kubetrain.trainer",
     "cli": "kubetrain.cli",
+    "client": "kubetrain.client",
 }
 
 
@@ -150,6 +164,8 @@ def test_no_import_cycles_between_modules_or_packages() -> None:
     assert packages["kubetrain.trainer"] <= {"kubetrain.api"}
     assert packages["kubetrain.operator"] <= {"kubetrain.api"}
     assert packages["kubetrain.local"] <= {"kubetrain.api", "kubetrain.operator"}
+    assert packages["kubetrain.client"] <= {"kubetrain.api", "kubetrain.local", "kubetrain.cli"}
+    assert not [name for name, targets in packages.items() if "kubetrain.client" in targets], packages
 
 
 def test_test_module_basenames_are_unique() -> None:

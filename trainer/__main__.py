@@ -19,17 +19,15 @@ waits for collectives in flight that no peer will finish. torchrun needs only th
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from pydantic import ValidationError
 
 from kubetrain.api.training import TrainConfig
 from kubetrain.trainer import faults
+from kubetrain.trainer.ending import leave
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -92,15 +90,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception:
         log.exception("training failed")
         return 1
-
-
-def leave(code: int) -> NoReturn:
-    """End the process without running destructors (see the module docstring)."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

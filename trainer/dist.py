@@ -30,6 +30,7 @@ import torch.distributed.nn
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
 
 from kubetrain.api import contract
+from kubetrain.trainer.torchrun_hooks import wait_for_other_agents
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -83,6 +84,11 @@ class DistContext:
     @property
     def is_rank0(self) -> bool:
         return self.env.rank == 0
+
+
+# The context of the process group `setup` initialised, until `teardown`: code called inside
+# someone else's `distributed()` (a function shipped by kubetrain.client) finds it here.
+_current: DistContext | None = None
 
 
 def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
@@ -268,10 +274,24 @@ def setup(
     )
     # Only a client is kept: a master rank's own server must go with its process group.
     agent_store = raw_store if _under_torchrun_agent() else None
-    return DistContext(env=env, backend=backend, device=device, agent_store=agent_store)
+    global _current
+    _current = DistContext(env=env, backend=backend, device=device, agent_store=agent_store)
+    return _current
+
+
+def current() -> DistContext:
+    """This process's DistContext while its process group is up (see `setup`)."""
+    if _current is None or not (dist.is_available() and dist.is_initialized()):
+        raise ContractError(
+            "no kubetrain process group: call this inside `lib.distributed()` (a function run by "
+            "kubetrain.client's train() already is)"
+        )
+    return _current
 
 
 def teardown() -> None:
+    global _current
+    _current = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -315,12 +335,7 @@ def hold_agent_store(store: Store, environ: Mapping[str, str], *, timeout_s: flo
         return True
     # The key torchrun's agents count themselves in: `_exit_barrier` on PrefixStore(run_id).
     key = f"{environ.get('TORCHELASTIC_RUN_ID', 'none')}/{_TERMINAL_STATE_SYNC_ID}{_NUM_MEMBERS}"
-    deadline = time.monotonic() + timeout_s
-    while store.add(key, 0) < group_world - 1:
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval_s)
-    return True
+    return wait_for_other_agents(store, group_world, key, timeout_s, interval_s)
 
 
 @contextlib.contextmanager

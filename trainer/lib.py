@@ -20,6 +20,9 @@ with `stop = lib.StopSignal(ctx)` made once, on every rank, before the loop (kub
 `watchdog = lib.HangWatchdog(ctx.local_rank)` and `watchdog.beat()` once per step give a Stalled
 restart every rank's stacks to name the rank that hung (kubetrain.trainer.watchdog).
 
+`lib.context()` returns the same `ctx` anywhere inside the block (a function run by
+kubetrain.client's `train()` runs inside one and starts with `ctx = lib.context()`).
+
 Every function here is collective where it says so and safe to call on every rank otherwise.
 """
 
@@ -35,6 +38,7 @@ from kubetrain.api.training import CONFIG_ENV, TrainConfig
 from kubetrain.trainer.checkpoint import Checkpointer, CheckpointError, latest_checkpoint
 from kubetrain.trainer.data import ShardedLoader, eval_loader, sharded_loader
 from kubetrain.trainer.dist import ContractError, DistContext, barrier, distributed, finish, setup, teardown
+from kubetrain.trainer.dist import current as context
 from kubetrain.trainer.metrics import MetricsLogger, configure_logging
 from kubetrain.trainer.stopping import EXIT_STOPPED, StopSignal
 from kubetrain.trainer.train import accumulate_gradients, evaluate
@@ -55,6 +59,7 @@ __all__ = [
     "barrier",
     "checkpoint_dir",
     "configure_logging",
+    "context",
     "distributed",
     "eval_loader",
     "evaluate",

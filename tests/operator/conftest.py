@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +11,6 @@ from kubernetes import client
 from support.controlplane import ControlPlane
 from support.kubelet import FakeKubelet
 from support.objects import Cluster
-from support.operator_process import OperatorProcess
 
 
 @pytest.fixture
@@ -40,14 +38,3 @@ def kubelet(kube_api: Any, namespace: str) -> Iterator[FakeKubelet]:
     yield kubelet
     stop.set()
     thread.join(5)
-
-
-@pytest.fixture
-def operator(crds_installed: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    """The operator, watching only this test's namespace."""
-    proc = OperatorProcess(crds_installed.kubeconfig, tmp_path / "operator.log", namespaces=namespace)
-    proc.start()
-    yield proc
-    proc.stop()
-    log = proc.log()
-    assert "Traceback" not in log, log[-5000:]

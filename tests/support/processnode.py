@@ -4,17 +4,20 @@ It registers a Node, binds the unscheduled pods of the namespaces it serves (pla
 scheduler), starts each container's `command + args` with the pod's env, and reports real
 status back through the API server: Running with podIP 127.0.0.1, then each container's
 real exit code, phase Succeeded or Failed. Deleting a pod terminates its processes, reports
-how they ended and confirms the deletion, as a kubelet does. Each container's output is served
-as its log through `pods/log` (support.logserver; `follow` streams until the process exits).
-So a test can go apply -> operator -> pods -> training -> Succeeded -> `kubetrain logs` on
-one machine.
+how they ended and confirms the deletion, once, as a kubelet does (a pod held by a finalizer
+stays Terminating meanwhile); with `remove_deleted_logs` their logs go at once too. Its
+processes' output is the pods' log through the API server (`pods/log`, followed too:
+support.kubelet_logs.LogServer), so the operator reads rank 0's progress, keeps the logs of
+deleted pods, and `kubetrain logs` works. So a test can go apply -> operator -> pods ->
+training -> Succeeded on one machine.
 
 What a container would isolate is shared here, so three things are translated:
 - every pod has the node's loopback: env values that are in-cluster DNS names
   (`*.svc`, `*.svc.<domain>`) become 127.0.0.1; pods of one job must use distinct ports;
 - volume mount paths are rewritten, in command, args and env values, to host directories
   under the node's workdir: one per PersistentVolumeClaim (shared by the pods that mount it)
-  and one per pod for every other volume;
+  and one per pod for every other volume; a ConfigMap volume's directory holds its keys as
+  files, and a pod whose ConfigMap does not exist yet waits (as a kubelet's mount does);
 - the image is ignored: executables come from PATH with this interpreter's bin dir first.
 Init containers run first, one after another. restartPolicy is treated as Never.
 
@@ -45,14 +48,13 @@ from kubetrain.local.processes import ProcessTree, note_groups, stop, subreaper
 
 from .kubelet import node_manifest as _node_manifest
 from .kubelet import now
-from .logserver import LogServer
+from .kubelet_logs import LogServer
 
 IN_CLUSTER_HOST = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?\.svc(\.[a-z0-9.-]+)?$")
 HEARTBEAT_S = 10.0
 POLL_S = 0.2
 NOTE_GROUPS_EVERY_S = 1.0
 TERMINATION_LOG_LINES = 40
-FOLLOW_POLL_S = 0.1
 
 
 @dataclass
@@ -64,12 +66,16 @@ class _Pod:
     grace: float
     fallback_to_logs: dict[str, bool]
     procs: dict[str, ProcessTree] = field(default_factory=dict)
-    # Where this pod's output starts in its container's log file: a later pod of the same name
-    # (the next attempt) appends to the same file.
-    log_start: dict[str, int] = field(default_factory=dict)
+    # Where this pod's output starts in <container>.log: a pod re-created under the same name
+    # (a gang restart) appends to the same file, and its log starts there.
+    log_offsets: dict[str, int] = field(default_factory=dict)
     started: str = ""
     phase: str = "Pending"
     stopping: bool = False
+
+
+class _NotReady(Exception):
+    """A pod that cannot start yet (its ConfigMap is missing): tried again on the next sync."""
 
 
 class ProcessNode:
@@ -94,13 +100,14 @@ class ProcessNode:
         self.remove_deleted_logs = remove_deleted_logs
         self.pods: dict[str, _Pod] = {}
         self.deleted: set[str] = set()  # uids whose deletion this node has confirmed
+        self._named: dict[tuple[str, str], _Pod] = {}  # the newest pod of each (namespace, name)
         self.errors: list[str] = []
-        self.log_server = LogServer(self._log, self.workdir / "kubelet")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"process-node-{node_name}", daemon=True)
         self._last_heartbeat = 0.0
         self._groups_noted = 0.0
         self._cleanup = contextlib.ExitStack()
+        self.log_server = LogServer(self.core, node_name, self.workdir, self._read_log)
 
     # --- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> ProcessNode:
@@ -111,9 +118,10 @@ class ProcessNode:
         self.stop()
 
     def start(self) -> None:
-        self._cleanup.enter_context(self.log_server)
         self._register()
-        self.log_server.register(self.core, self.node_name)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_server.start()
+        self._cleanup.callback(self.log_server.stop)
         # Workers orphaned by a killed torchrun come back to this process, where stop() finds them.
         self._cleanup.enter_context(subreaper())
         self._thread.start()
@@ -132,32 +140,6 @@ class ProcessNode:
         pod_dir = self.workdir / "pods" / namespace / name
         files = sorted(pod_dir.glob("*.log")) if container is None else [pod_dir / f"{container}.log"]
         return "".join(f.read_text(errors="replace") for f in files if f.exists())
-
-    def _log(self, namespace: str, name: str, container: str, tail: int | None, follow: bool) -> Iterator[bytes]:
-        """The kubelet's containerLogs: the output of the newest pod of that name, from its last
-        `tail` lines; with `follow`, on until the container's process has exited."""
-        found = [p for p in list(self.pods.values()) if (p.namespace, p.name) == (namespace, name)]
-        if not found or container not in found[-1].procs:
-            raise LookupError(f"container {container} of pod {namespace}/{name} is not on {self.node_name}")
-        pod, path = found[-1], found[-1].workdir / f"{container}.log"
-        if not path.exists():  # removed, as a kubelet removes a deleted pod's containers
-            raise LookupError(f"the log of container {container} of pod {namespace}/{name} is gone")
-        with path.open("rb") as log:
-            log.seek(pod.log_start[container])
-            text = log.read()
-            if tail is not None:
-                lines = text.splitlines(keepends=True)
-                text = b"".join(lines[len(lines) - tail :] if tail else [])
-            yield text
-            while follow:
-                running = pod.procs[container].running()
-                more = log.read()
-                if more:
-                    yield more
-                elif not running:
-                    return
-                else:
-                    time.sleep(FOLLOW_POLL_S)
 
     # --- the node ------------------------------------------------------------------------
     def _register(self) -> None:
@@ -179,8 +161,8 @@ class ProcessNode:
             "lastHeartbeatTime": stamp,
             "lastTransitionTime": stamp,
         }
-        # No Hostname address: the API server would try it first for pods/log, and it resolves nowhere.
-        addresses = [{"type": "InternalIP", "address": "127.0.0.1"}]
+        # Only the InternalIP: the API server reaches the log server through a Hostname address first.
+        addresses = [{"$patch": "replace"}, {"type": "InternalIP", "address": "127.0.0.1"}]
         self.core.patch_node_status(self.node_name, {"status": {"conditions": [ready], "addresses": addresses}})
         self._last_heartbeat = time.monotonic()
 
@@ -258,6 +240,10 @@ class ProcessNode:
         ns, name = pod.metadata.namespace, pod.metadata.name
         pod_dir = self.workdir / "pods" / ns / name
         pod_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            mounts = self._volume_dirs(pod, pod_dir)
+        except _NotReady:
+            return
         state = _Pod(
             namespace=ns,
             name=name,
@@ -269,8 +255,8 @@ class ProcessNode:
             },
         )
         self.pods[state.uid] = state
+        self._named[(ns, name)] = state
         state.started = now()
-        mounts = self._volume_dirs(pod, pod_dir)
         for init in pod.spec.init_containers or []:
             code = self._spawn(pod, init, mounts, state).proc.wait()
             if code != 0:
@@ -291,6 +277,8 @@ class ProcessNode:
             else:
                 host = pod_dir / "volumes" / volume.name
             host.mkdir(parents=True, exist_ok=True)
+            if volume.config_map is not None:
+                self._write_config_map(pod.metadata.namespace, volume.config_map, host)
             by_volume[volume.name] = host
         mounts: dict[str, Path] = {}
         for container in [*(pod.spec.init_containers or []), *pod.spec.containers]:
@@ -298,6 +286,21 @@ class ProcessNode:
                 if mount.name in by_volume:
                     mounts[mount.mount_path.rstrip("/")] = by_volume[mount.name]
         return mounts
+
+    def _write_config_map(self, namespace: str, source: Any, host: Path) -> None:
+        """The ConfigMap's keys (or its `items`) as files; _NotReady while it does not exist."""
+        try:
+            data = self.core.read_namespaced_config_map(source.name, namespace).data or {}
+        except client.ApiException as exc:
+            if exc.status == 404 and not source.optional:
+                raise _NotReady(f"configmap {source.name}") from None
+            if exc.status != 404:
+                raise
+            data = {}
+        paths = {item.key: item.path for item in source.items or []} or {key: key for key in data}
+        for key, path in paths.items():
+            (host / path).parent.mkdir(parents=True, exist_ok=True)
+            (host / path).write_text(data[key])
 
     @staticmethod
     def _rewrite(value: str, mounts: dict[str, Path]) -> str:
@@ -366,7 +369,7 @@ class ProcessNode:
         cwd = Path(self._rewrite(container.working_dir, mounts)) if container.working_dir else state.workdir
         cwd.mkdir(parents=True, exist_ok=True)
         with (state.workdir / f"{container.name}.log").open("ab") as log:
-            state.log_start[container.name] = log.tell()
+            state.log_offsets[container.name] = log.tell()
             tree = ProcessTree.start(
                 argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
             )
@@ -391,6 +394,33 @@ class ProcessNode:
         (in sessions of their own) go too."""
         stop(list(state.procs.values()), grace)
         state.phase = "Stopped"
+
+    # --- logs ----------------------------------------------------------------------------
+    def _read_log(self, namespace: str, name: str, container: str, tail: int | None, follow: bool) -> Iterator[bytes]:
+        """The log of the newest pod so named, as the kubelet serves it: its container's output
+        since it started; with `follow`, more as it comes until the container exited."""
+        state = self._named.get((namespace, name))
+        if state is None or container not in state.log_offsets:
+            return
+        path = state.workdir / f"{container}.log"
+        if not path.exists():  # removed, as a kubelet removes a deleted pod's containers
+            raise LookupError(f"the log of container {container} of pod {namespace}/{name} is gone")
+        with path.open("rb") as log:
+            log.seek(state.log_offsets[container])
+            data = log.read()
+            if tail is not None:
+                data = b"".join(data.splitlines(keepends=True)[-tail:]) if tail else b""
+            yield data
+            while follow:
+                tree = state.procs.get(container)
+                ended = tree is None or not tree.running() or state.phase == "Stopped"
+                more = log.read()
+                if more:
+                    yield more
+                elif ended:
+                    return
+                else:
+                    time.sleep(POLL_S)
 
     # --- status --------------------------------------------------------------------------
     def _container_status(self, state: _Pod, name: str, proc: subprocess.Popen[bytes]) -> dict[str, Any]:

@@ -1,0 +1,91 @@
+"""The runner of shipped functions (`python -m kubetrain.trainer.function DIR`), fed by
+kubetrain.client.ship as train() feeds it, run here as a world of one (without torchrun the env
+contract is a single process on loopback). The 2-node runs are the client's tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubetrain.api.function import CALL_FILE, RUNNER_MODULE, SOURCE_FILE
+from kubetrain.api.records import records_in
+from kubetrain.client.ship import ship
+from kubetrain.client.spec import function_files
+
+pytestmark = pytest.mark.unit
+
+STEPS = 3
+
+
+def reports(tag: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from kubetrain.trainer import lib
+
+    ctx = lib.context()
+    total = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(total)
+    print(f"{tag}: rank {ctx.rank} of {ctx.world_size} on {ctx.backend}, sum {total.item()}", flush=True)
+    for step in range(1, STEPS + 1):
+        lib.log0(ctx, "step", step=step, epoch=0, total_steps=STEPS, loss=1 / step)
+
+
+def raises(message: str) -> None:
+    raise ValueError(message)
+
+
+def run(directory: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", RUNNER_MODULE, str(directory)], capture_output=True, text=True, timeout=120
+    )
+
+
+def shipped(tmp_path: Path, fn: Any, *args: Any) -> Path:
+    for name, text in function_files(ship(fn, args)).items():
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def test_the_function_runs_inside_a_process_group_and_logs_records(tmp_path: Path) -> None:
+    done = run(shipped(tmp_path, reports, "hello"))
+    assert done.returncode == 0, done.stderr
+    assert "hello: rank 0 of 1 on gloo, sum 1.0" in done.stdout
+    assert [(r["event"], r["step"]) for r in records_in(done.stdout)] == [("step", s) for s in range(1, STEPS + 1)]
+
+
+def test_a_raising_function_exits_1_with_its_traceback_last(tmp_path: Path) -> None:
+    done = run(shipped(tmp_path, raises, "bad hyperparameter"))
+    assert done.returncode == 1
+    assert "[rank 0] raises() raised:" in done.stderr
+    assert done.stderr.strip().endswith("ValueError: bad hyperparameter"), done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("source", "call", "code", "says"),
+    [
+        (None, None, 2, f"{CALL_FILE}: No such file or directory"),
+        ("def f():\n    pass\n", '{"function": "g"}', 2, f"{SOURCE_FILE} defines no function 'g'"),
+        ("def f():\n    pass\n", '{"function": "f", "extra": 1}', 2, f"{CALL_FILE}: not a function call"),
+        ("import not_installed_here\n", '{"function": "f"}', 1, "ModuleNotFoundError: No module named"),
+    ],
+)
+def test_a_bad_shipment_is_named(tmp_path: Path, source: str | None, call: str | None, code: int, says: str) -> None:
+    if source is not None:
+        (tmp_path / SOURCE_FILE).write_text(source)
+    if call is not None:
+        (tmp_path / CALL_FILE).write_text(call)
+    done = run(tmp_path)
+    assert done.returncode == code, done.stderr
+    assert says in done.stderr
+
+
+def test_the_context_outside_a_process_group_says_where_to_call_it() -> None:
+    from kubetrain.trainer import lib
+
+    with pytest.raises(lib.ContractError, match=r"call this inside `lib.distributed\(\)`"):
+        lib.context()

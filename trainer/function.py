@@ -1,0 +1,125 @@
+"""`torchrun -m kubetrain.trainer.function DIR`: call a function shipped by kubetrain.client's `train()`.
+
+DIR holds the shipped module and the call (`kubetrain.api.function`). Every rank loads the
+module, sets up the process group of the env contract as `lib.distributed()` does (the job's
+backend and timeouts, from KUBETRAIN_CONFIG as the built-in trainer reads them) and calls the
+function with the call's arguments; inside it, `lib.context()` is this rank's DistContext. The
+return value is not sent anywhere: print or `lib.log0` what you want to keep. It ends as the
+built-in trainer does: on success every rank meets (`dist.finish`), then each leaves with
+`os._exit` (kubetrain.trainer.ending says why); after a failure at once, without a teardown that
+could wait for a collective no peer will finish.
+
+Exit status: 0 when the function returned on this rank, 1 when it raised (its traceback is the
+end of the log, which becomes the pod's termination message and so the job's failure message),
+2 when DIR does not hold a valid shipment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from pydantic import ValidationError
+
+from kubetrain.api.function import CALL_FILE, RUNNER_MODULE, SOURCE_FILE, FunctionCall
+from kubetrain.api.training import TrainConfig
+from kubetrain.trainer.ending import leave
+
+# The shipped module's name on every rank; registered in sys.modules so that what its classes
+# pickle (torch.save of an object of a shipped class) loads again in the same run.
+MODULE_NAME = "kubetrain_shipped_function"
+
+
+class ShipmentError(Exception):
+    """DIR does not hold a loadable shipment."""
+
+
+def load(directory: Path) -> tuple[Callable[..., Any], FunctionCall]:
+    """The shipped function and its call; raises ShipmentError naming what is wrong."""
+    try:
+        call = FunctionCall.model_validate_json((directory / CALL_FILE).read_text())
+    except OSError as error:
+        raise ShipmentError(f"{directory / CALL_FILE}: {error.strerror}") from None
+    except ValidationError as error:
+        raise ShipmentError(f"{directory / CALL_FILE}: not a function call: {error}") from None
+    module = _import(directory / SOURCE_FILE)
+    fn = getattr(module, call.function, None)
+    if not callable(fn):
+        raise ShipmentError(f"{directory / SOURCE_FILE} defines no function {call.function!r}")
+    return fn, call
+
+
+def _import(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise ShipmentError(f"{path}: no shipped module there")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[MODULE_NAME] = module
+    # Its imports run here: a module missing from this environment is the user's to fix, and
+    # the message must say so (not "invalid shipment").
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"torchrun -m {RUNNER_MODULE}", description=__doc__.splitlines()[0])
+    parser.add_argument("directory", type=Path, help="the directory holding the shipped function")
+    args = parser.parse_args(argv)
+    raw_rank = os.environ.get("RANK", "")
+    rank = int(raw_rank) if raw_rank.isdigit() else 0
+    # torch only now: a bad shipment is reported without paying for it.
+    try:
+        fn, call = load(args.directory)
+    except ShipmentError as error:
+        print(f"[rank {rank}] kubetrain function runner: {error}", file=sys.stderr)
+        return 2
+    except Exception:  # the shipped module's own imports and statements
+        print(f"[rank {rank}] loading the shipped function failed:\n{traceback.format_exc()}", file=sys.stderr)
+        return 1
+    from kubetrain.trainer import dist as kdist
+    from kubetrain.trainer.metrics import configure_logging, log
+
+    configure_logging(rank)
+    config = TrainConfig.from_env()
+    try:
+        ctx = kdist.setup(
+            config.backend,
+            timeout_s=config.training.process_group_timeout_seconds,
+            connect_timeout_s=config.training.connect_timeout_seconds,
+        )
+    except kdist.ContractError as error:
+        log.error("%s", error)
+        return 1
+    try:
+        fn(*call.args, **call.kwargs)
+    except Exception as error:
+        print(f"[rank {rank}] {call.function}() raised:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        _tell_torchrun(error)
+        return 1
+    try:
+        kdist.finish(ctx, destroy=False)
+    except Exception:  # a peer that failed after this rank's function returned
+        log.exception("%s() returned, but the ranks' final meeting failed", call.function)
+        return 1
+    return 0
+
+
+def _tell_torchrun(error: Exception) -> None:
+    """torchrun's failure summary, the last lines of the log and so the pod's termination message
+    (a job's failure message), then names the exception instead of "To enable traceback see ..."."""
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    with contextlib.suppress(OSError):
+        ErrorHandler().record_exception(error)
+
+
+if __name__ == "__main__":
+    leave(main())
