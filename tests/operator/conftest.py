@@ -12,7 +12,7 @@ from kubernetes import client
 from support.controlplane import ControlPlane
 from support.kubelet import FakeKubelet
 from support.objects import Cluster
-from support.operator_process import OperatorProcess
+from support.operator_process import OperatorProcess, running_operator
 
 
 @pytest.fixture
@@ -45,9 +45,5 @@ def kubelet(kube_api: Any, namespace: str) -> Iterator[FakeKubelet]:
 @pytest.fixture
 def operator(crds_installed: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
     """The operator, watching only this test's namespace."""
-    proc = OperatorProcess(crds_installed.kubeconfig, tmp_path / "operator.log", namespaces=namespace)
-    proc.start()
-    yield proc
-    proc.stop()
-    log = proc.log()
-    assert "Traceback" not in log, log[-5000:]
+    with running_operator(crds_installed.kubeconfig, tmp_path / "operator.log", namespace) as proc:
+        yield proc
