@@ -38,8 +38,8 @@ from kubetrain.operator.pods import PodView
 
 log = logging.getLogger("kubetrain.operator")
 API_RETRY_SECONDS = 1.0
-# How long the reconciles in flight at shutdown may finish before the Lease is given up under
-# them (they are safe to cut: each write is safe to repeat, and the successor reconciles all).
+# How long the requests in flight at shutdown may take to return before the Lease is given up
+# under them (a hung one is then left to its preconditions: each write is safe to repeat).
 DRAIN_SECONDS = 5.0
 
 
@@ -108,15 +108,16 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    """Stop reconciling, let the reconciles in flight finish, give up the Lease (a standby
-    takes over at once), stop watching."""
-    controller = _controller(memo)
-    controller.follow()
+    """Hand over: stop writing (a reconcile in flight is cut at its next write, which is safe
+    at any line: the successor reconciles every job), let the requests already sent return,
+    give the Lease back (a standby leads at once), stop watching. Nobody writes between the
+    resignation and the release."""
+    controller, leadership = _controller(memo), _leadership(memo)
+    await leadership.resign()
     if not await controller.queue.drain(DRAIN_SECONDS):
-        log.warning(
-            "%d reconciles still running after %.0f s; stopping anyway", len(controller.queue.tasks), DRAIN_SECONDS
-        )
-    await _leadership(memo).stop()
+        unanswered = len(controller.queue.tasks)
+        log.warning("requests of %d reconciles unanswered after %.0f s; stopping anyway", unanswered, DRAIN_SECONDS)
+    await leadership.release()
     for task in memo.get("watches", ()):
         task.cancel()
 

@@ -43,14 +43,17 @@ WATCH_SECONDS = 300.0
 
 
 class Leadership(Protocol):
-    """What the operator asks of leader election: run it, ask it, stop it."""
+    """What the operator asks of leader election: run it, ask it whether this process leads,
+    and at shutdown resign (no write from then on) and then release (a standby may lead)."""
 
     @property
     def leading(self) -> bool: ...
 
     async def run(self) -> None: ...
 
-    async def stop(self) -> None: ...
+    async def resign(self) -> None: ...
+
+    async def release(self) -> None: ...
 
 
 class AlwaysLeader:
@@ -70,10 +73,13 @@ class AlwaysLeader:
         self.on_started()
         await asyncio.Event().wait()
 
-    async def stop(self) -> None:
+    async def resign(self) -> None:
         if self._leading:
             self._leading = False
             self.on_stopped()
+
+    async def release(self) -> None:
+        pass
 
 
 def micro_time(at: datetime) -> str:
@@ -136,7 +142,7 @@ def released(spec: dict[str, Any], at: datetime) -> dict[str, Any]:
 class Elector:
     """One candidate for the Lease `namespace/name`. `run` elects forever: acquire, then renew
     until that fails for `renew_deadline`, then stand again; `on_started`/`on_stopped` are
-    called on each change. `stop` gives the Lease back."""
+    called on each change. `resign` then `release` end it and give the Lease back."""
 
     def __init__(
         self,
@@ -156,6 +162,7 @@ class Elector:
         self._is_leader = False
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._resigned: dict[str, Any] | None = None  # the Lease as held when resigning
 
     @property
     def leading(self) -> bool:
@@ -279,16 +286,22 @@ class Elector:
             await asyncio.sleep(self.timing.retry_period)
 
     # --- shutdown -------------------------------------------------------------------------------
-    async def stop(self) -> None:
-        """Stop electing; a leader gives the Lease back, so a standby takes over at once
-        instead of after the lease duration."""
+    async def resign(self) -> None:
+        """Stop electing and stop leading: from here on this process writes nothing (the Lease
+        is still held, so nobody else does either, until `release`)."""
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        was_leader, lease = self._is_leader, self._lease
+        if self._is_leader:
+            self._resigned = self._lease
         self._step_down("the operator is stopping", logging.INFO)
-        if not was_leader or lease is None:
+
+    async def release(self) -> None:
+        """Give the Lease back (after `resign`), so a standby takes over at once instead of
+        after the lease duration."""
+        lease, self._resigned = self._resigned, None
+        if lease is None:
             return
         body = {**lease, "spec": released(lease.get("spec") or {}, datetime.now(UTC))}
         try:

@@ -192,6 +192,12 @@ class Candidate:
             self.spans[-1][1] = self._now()
 
 
+async def stop(elector: Elector) -> None:
+    """A graceful shutdown (handlers.stop): resign, then release."""
+    await elector.resign()
+    await elector.release()
+
+
 async def wait_until(check: Any, timeout: float = 5.0) -> float:
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -218,7 +224,7 @@ def test_one_of_three_leads_and_keeps_leading() -> None:
         assert api.lease is not None and api.lease["spec"]["holderIdentity"] == leaders[0].name
         assert api.lease["spec"]["leaseTransitions"] == 1
         for c in candidates:
-            await c.elector.stop()
+            await stop(c.elector)
         return candidates
 
     candidates = asyncio.run(scenario())
@@ -236,12 +242,16 @@ def test_a_released_lease_is_taken_at_once() -> None:
         second = Candidate(api, "second").start()
         await asyncio.sleep(FAST.duration * 2)
         assert not second.elector.leading
+        await first.elector.resign()  # the shutdown drains its requests in flight here: nobody leads
+        await asyncio.sleep(FAST.retry_period * 2)
+        assert not first.elector.leading and not second.elector.leading
+        assert api.lease is not None and api.lease["spec"]["holderIdentity"] == "first"
         stopped = asyncio.get_running_loop().time()
-        await first.elector.stop()
-        assert api.lease is not None and api.lease["spec"]["holderIdentity"] == ""
+        await first.elector.release()
+        assert api.lease["spec"]["holderIdentity"] == ""
         took = await wait_until(lambda: second.elector.leading) - stopped
         assert overlapping([first, second]) == []
-        await second.elector.stop()
+        await stop(second.elector)
         return took
 
     assert asyncio.run(scenario()) < FAST.retry_period / 2
@@ -257,7 +267,7 @@ def test_a_dead_leaders_lease_is_taken_when_it_expires_not_before() -> None:
         await first.kill()
         last_renewal = max(t for t, holder in api.history if holder == "first")
         took = await wait_until(lambda: second.elector.leading)
-        await second.elector.stop()
+        await stop(second.elector)
         return took - last_renewal, FAST.duration
 
     after, duration = asyncio.run(scenario())
@@ -281,7 +291,7 @@ def test_a_leader_cut_off_from_the_api_server_stops_writing_before_anyone_takes_
         await asyncio.sleep(FAST.duration * 2)
         assert second.elector.leading and not first.elector.leading
         for c in (first, second):
-            await c.elector.stop()
+            await stop(c.elector)
         return first, second
 
     first, second = asyncio.run(scenario())
@@ -316,7 +326,7 @@ def test_an_api_error_while_standing_is_retried() -> None:
         assert not candidate.elector.leading
         api.down.clear()
         await wait_until(lambda: candidate.elector.leading)
-        await candidate.elector.stop()
+        await stop(candidate.elector)
 
     asyncio.run(scenario())
 
