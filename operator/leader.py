@@ -270,19 +270,24 @@ class Elector:
     async def _watch(self) -> None:
         """Keep `observed` current and wake the candidate loop on every change of the Lease."""
         loop = asyncio.get_running_loop()
+        failures = 0
         while True:
             try:
                 async for event in self.kube.watch_lease(self.namespace, self.name, WATCH_SECONDS):
+                    failures = 0
+                    spec = (event.get("object") or {}).get("spec") or {}
                     if event.get("type") in ("ADDED", "MODIFIED"):
-                        self.observed = observe(
-                            self.observed, (event.get("object") or {}).get("spec") or {}, loop.time()
-                        )
+                        self.observed = observe(self.observed, spec, loop.time())
                     elif event.get("type") == "DELETED":
                         self.observed = None
                     self._changed.set()
                 continue
             except (ApiError, aiohttp.ClientError, TimeoutError, ValueError) as error:
-                log.debug("leader election: watching Lease %s/%s failed: %s", self.namespace, self.name, error)
+                # Said once per run of failures: without the watch a standby still takes over,
+                # only later (it sees an expiry by reading the Lease every retry period).
+                level = logging.WARNING if failures == 0 else logging.DEBUG
+                log.log(level, "leader election: watching Lease %s/%s failed: %s", *self._where(), error)
+                failures += 1
             await asyncio.sleep(self.timing.retry_period)
 
     # --- shutdown -------------------------------------------------------------------------------

@@ -63,7 +63,9 @@ DENIED: list[tuple[str, str]] = [
 ]
 
 
-def can_i(cp: ControlPlane, subject: str, verb: str, resource: str, namespace: str | None, name: str = "") -> bool:
+def can_i(
+    cp: ControlPlane, subject: str, verb: str, resource: str, namespace: str | None, object_name: str = ""
+) -> bool:
     """What `kubectl auth can-i --as=<subject>` asks, as a SubjectAccessReview naming the group:
     kubectl resolves the type through discovery, and for an API this server does not serve
     (PodGroups without their feature gates) it asks about a core resource of that dotted name."""
@@ -80,7 +82,7 @@ def can_i(cp: ControlPlane, subject: str, verb: str, resource: str, namespace: s
         "spec": {
             "user": subject,
             "groups": groups,
-            "resourceAttributes": {**attributes, "namespace": namespace or "", "name": name},
+            "resourceAttributes": {**attributes, "namespace": namespace or "", "name": object_name},
         },
     }
     answer = json.loads(kubectl(cp, "create", "-o", "json", "-f", "-", input=json.dumps(review)).stdout)
