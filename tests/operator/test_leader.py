@@ -9,6 +9,7 @@ import asyncio
 import copy
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,7 +17,7 @@ import pytest
 
 from kubetrain.operator.kube import ApiError, Kube, NotLeader
 from kubetrain.operator.leader import Elector, Observed, claimed, may_acquire, observe, released
-from kubetrain.operator.settings import LeaseTiming
+from kubetrain.operator.settings import DEFAULTS, LeaseTiming
 
 pytestmark = pytest.mark.unit
 
@@ -348,3 +349,21 @@ def test_errors_of_the_lease_api_are_the_ones_the_elector_survives() -> None:
         return alive
 
     assert asyncio.run(scenario())
+
+
+def test_the_documented_defaults_are_the_operators() -> None:
+    """docs/operator-ha.md's flag table quotes the defaults; they are written in settings.py."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operator-ha.md").read_text()
+    rows = {
+        cells[0].strip("`"): cells[2]
+        for line in doc.splitlines()
+        if line.startswith("| `--leader-elect") and (cells := [c.strip() for c in line.strip("|").split("|")])
+    }
+    assert rows["--leader-elect/--no-leader-elect"] == ("on" if DEFAULTS.leader_elect else "off")
+    assert rows["--leader-elect-resource-name"].startswith(f"`{DEFAULTS.lease_name}`")
+    for flag, seconds in (
+        ("--leader-elect-lease-duration", DEFAULTS.lease.duration),
+        ("--leader-elect-renew-deadline", DEFAULTS.lease.renew_deadline),
+        ("--leader-elect-retry-period", DEFAULTS.lease.retry_period),
+    ):
+        assert rows[flag].startswith(f"{seconds:g} s"), (flag, rows[flag])
