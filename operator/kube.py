@@ -189,9 +189,14 @@ class Kube:
         side: bool = False,
         accept: str = "application/json",
         gated: bool = True,
+        counted: tuple[str, str] | None = None,
     ) -> bytes:
+        """`counted`: the (verb, resource) a write counts under in kubetrain_api_writes_total,
+        once it passed the gate (a refused one is sent nowhere, so it is not counted)."""
         if gated and method != "GET" and not self.may_write():
             raise NotLeader(f"{method} {path}: this operator does not hold the leader Lease")
+        if counted is not None:
+            API_WRITES.labels(*counted).inc()
         headers = {**self._headers(), "Accept": accept}
         data = None
         if body is not None:
@@ -241,10 +246,11 @@ class Kube:
         """Create a Pod, Service or PodGroup: the created object's metadata (as {"metadata": ...}),
         None if one of that name exists already. Raises `Refused` on 403/422."""
         plural = obj["kind"].lower() + "s"
-        API_WRITES.labels("create", plural).inc()
         try:
             path = _namespaced(obj["apiVersion"], obj["metadata"]["namespace"], plural)
-            created: dict[str, Any] = json.loads(await self._request("POST", path, obj, accept=METADATA_ONLY))
+            created: dict[str, Any] = json.loads(
+                await self._request("POST", path, obj, accept=METADATA_ONLY, counted=("create", plural))
+            )
         except ApiError as exc:
             if exc.status == 409:
                 return None
@@ -255,12 +261,11 @@ class Kube:
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None) -> None:
         """`grace_seconds` None: the pod's own terminationGracePeriodSeconds."""
-        API_WRITES.labels("delete", "pods").inc()
         body: dict[str, Any] = {"preconditions": {"uid": uid}} if uid else {}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
         try:
-            await self._request("DELETE", _core(namespace, "pods", name), body)
+            await self._request("DELETE", _core(namespace, "pods", name), body, counted=("delete", "pods"))
         except ApiError as exc:
             # 404: gone already. 409: the uid precondition failed, so the name belongs to a
             # newer pod, which must live.
@@ -269,10 +274,9 @@ class Kube:
 
     async def delete_collection(self, api_version: str, namespace: str, plural: str, selector: str) -> None:
         """Delete what `selector` matches (nothing matching, or the API gone, is fine)."""
-        API_WRITES.labels("deletecollection", plural).inc()
         try:
             path = _namespaced(api_version, namespace, plural)
-            await self._request("DELETE", path, query={"labelSelector": selector})
+            await self._request("DELETE", path, query={"labelSelector": selector}, counted=("deletecollection", plural))
         except ApiError as exc:
             if exc.status != 404:
                 raise
@@ -311,10 +315,15 @@ class Kube:
             "spec": body.get("spec", {}),
             "status": status,
         }
-        API_WRITES.labels("update", "trainingjobs/status").inc()
         try:
             written: dict[str, Any] = json.loads(
-                await self._request("PUT", _job_path(meta["namespace"], meta["name"], "status"), document, side=True)
+                await self._request(
+                    "PUT",
+                    _job_path(meta["namespace"], meta["name"], "status"),
+                    document,
+                    side=True,
+                    counted=("update", "trainingjobs/status"),
+                )
             )
         except ApiError as exc:
             if exc.status == 404:
@@ -325,10 +334,9 @@ class Kube:
         return written
 
     async def delete_job(self, namespace: str, name: str, uid: str) -> None:
-        API_WRITES.labels("delete", "trainingjobs").inc()
         body = {"preconditions": {"uid": uid}, "propagationPolicy": "Background"}
         try:
-            await self._request("DELETE", _job_path(namespace, name), body)
+            await self._request("DELETE", _job_path(namespace, name), body, counted=("delete", "trainingjobs"))
         except ApiError as exc:
             if exc.status not in (404, 409):
                 raise
@@ -359,9 +367,10 @@ class Kube:
             "lastTimestamp": now,
             "count": 1,
         }
-        API_WRITES.labels("create", "events").inc()
         try:
-            await self._request("POST", _core(meta["namespace"], "events"), event, side=True)
+            await self._request(
+                "POST", _core(meta["namespace"], "events"), event, side=True, counted=("create", "events")
+            )
         except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
             # Events are for humans; the status already holds the transition.
             log.warning("event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], exc)
@@ -379,9 +388,13 @@ class Kube:
 
     async def create_workload(self, workload: dict[str, Any]) -> None:
         """Create the job's Workload; an existing one (409) is fine. Raises `Refused` on 403/422."""
-        API_WRITES.labels("create", "workloads").inc()
         try:
-            await self._request("POST", _kueue_path("workloads", "", workload["metadata"]["namespace"]), workload)
+            await self._request(
+                "POST",
+                _kueue_path("workloads", "", workload["metadata"]["namespace"]),
+                workload,
+                counted=("create", "workloads"),
+            )
         except ApiError as exc:
             if exc.status in (403, 422):
                 raise Refused(exc.status, exc.message) from exc
@@ -398,10 +411,9 @@ class Kube:
 
     async def _replace_workload(self, workload: dict[str, Any], document: dict[str, Any], subresource: str) -> None:
         meta = workload["metadata"]
-        API_WRITES.labels("update", "workloads" + subresource).inc()
         path = _kueue_path("workloads", meta["name"], meta["namespace"]) + subresource
         try:
-            await self._request("PUT", path, document, side=True)
+            await self._request("PUT", path, document, side=True, counted=("update", "workloads" + subresource))
         except ApiError as exc:
             # 409: Kueue changed it since it was read; that change's watch event reconciles
             # the job again, from the newer Workload. 404: gone with its job.
