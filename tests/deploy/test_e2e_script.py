@@ -31,13 +31,15 @@ def test_script_makes_the_cluster_and_runs_the_shared_scenario() -> None:
 
 
 def test_scenario_covers_the_issue() -> None:
-    """Every step issue #11 asks of the shared scenario is there (their order is the code's)."""
+    """Every step issues #11 and #26 ask of the shared scenario is there (their order is the code's)."""
     text = SCENARIO.read_text()
     steps = [
         '"upgrade", "--install"',
         '"--set", "resources.requests.cpu=0"',
         ":8000/proxy/metrics",
         ":8080/proxy/healthz",
+        ":8080/proxy/readyz",
+        '"get", "lease", RELEASE',
         '"pod-security.kubernetes.io/enforce": "restricted"',
         '"apply", "-n", JOB_NS, "-f", str(DIGITS_CPU)',
         '"--for=condition=Succeeded", "trainingjob/digits-cpu"',
@@ -52,6 +54,7 @@ def test_scenario_covers_the_issue() -> None:
         'run.logs(job, "-f"',
         '["event"] == "resume"',
         '"PodDeleted"',
+        '"rollout", "restart", f"deployment/{RELEASE}"',
     ]
     assert [step for step in steps if step not in text] == []
 

@@ -159,8 +159,8 @@ def install_operator(run: Scenario) -> None:
             metrics = run.kubectl("get", "--raw", f"{proxy}:8000/proxy/metrics").stdout
             assert f"kubetrain_leader {1.0 if pod == leader else 0.0}" in metrics, metrics[:2000]
             assert "kubetrain_reconcile_duration_seconds" in metrics, metrics[:2000]
-            for probe in ("healthz", "readyz"):
-                assert run.kubectl("get", "--raw", f"{proxy}:8080/proxy/{probe}").stdout.strip() == "ok"
+            for probe in (":8080/proxy/healthz", ":8080/proxy/readyz"):
+                assert run.kubectl("get", "--raw", proxy + probe).stdout.strip() == "ok", probe
 
 
 def lease_holder(run: Scenario) -> str:
