@@ -340,7 +340,8 @@ def test_operator_runs_with_the_charts_env_and_service_account(
                 "an event on the TrainingJob",
             )
             core.delete_namespaced_pod(first[1].metadata.name, watched)
-            wait_for(lambda: status().get("restarts", 0) >= 1, 60, "a gang restart after a pod was deleted")
+            # A deleted pod is a disruption: the restart is not counted against maxRestarts.
+            wait_for(lambda: status().get("attempt", 0) >= 1, 60, "a gang restart after a pod was deleted")
             old_uids = {pod.metadata.uid for pod in first}
 
             def new_gang() -> list[Any] | None:
