@@ -82,7 +82,6 @@ def test_operator_scale_benchmark_runs(control_plane: ControlPlane, tmp_path: Pa
 
 
 @pytest.mark.slow
-@pytest.mark.cluster
 def test_operator_failover_benchmark_runs(control_plane: ControlPlane, tmp_path: Path) -> None:
     # A short lease: the SIGKILL round waits it out.
     lease = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")

@@ -8,8 +8,6 @@ import logging
 
 import pytest
 
-import pytest
-
 from kubetrain.operator.workqueue import Key, WorkQueue
 
 pytestmark = pytest.mark.unit
