@@ -12,6 +12,9 @@ from typing import Annotated
 
 import typer
 
+# The operator's defaults, written once (a light module: no kopf, no API models).
+from kubetrain.operator.settings import DEFAULTS
+
 app = typer.Typer(
     name="kubetrain",
     help="Kubernetes-native distributed PyTorch training.",
@@ -31,6 +34,9 @@ class LogLevel(enum.StrEnum):
 class LogFormat(enum.StrEnum):
     json = "json"
     plain = "plain"
+
+
+DEFAULT_LOG_LEVEL, DEFAULT_LOG_FORMAT = LogLevel(DEFAULTS.log_level), LogFormat(DEFAULTS.log_format)
 
 
 @app.command()
@@ -91,7 +97,9 @@ def run(
     straggler_timeout: Annotated[
         float | None,
         typer.Option(
-            min=1, help="Seconds a node may run on after rank 0's done (work saved) before it is stopped [default: 90]."
+            min=1,
+            help="Seconds a node may run on after rank 0's done (work saved) before it is stopped "
+            f"[default: {DEFAULTS.straggler_timeout_seconds:g}].",
         ),
     ] = None,
 ) -> None:
@@ -200,25 +208,28 @@ def operator_(
             envvar="KUBETRAIN_WATCH_NAMESPACES",
             help="Comma-separated namespaces to watch; empty: every namespace (cluster-wide).",
         ),
-    ] = "",
+    ] = ",".join(DEFAULTS.namespaces),
     trainer_image: Annotated[
         str, typer.Option(envvar="KUBETRAIN_TRAINER_IMAGE", help="Image for TrainingJobs that set no spec.image.")
-    ] = "kubetrain/trainer:0.1.0",
+    ] = DEFAULTS.render.default_image,
     cluster_domain: Annotated[
         str, typer.Option(envvar="KUBETRAIN_CLUSTER_DOMAIN", help="Cluster DNS domain of the rendezvous address.")
-    ] = "cluster.local",
+    ] = DEFAULTS.render.cluster_domain,
     metrics_port: Annotated[
         int,
         typer.Option(
             envvar="KUBETRAIN_METRICS_PORT", min=0, max=65535, help="Prometheus /metrics port; 0 disables it."
         ),
-    ] = 8000,
+    ] = DEFAULTS.metrics_port,
     health_port: Annotated[
         int,
         typer.Option(
-            envvar="KUBETRAIN_HEALTH_PORT", min=0, max=65535, help="kopf liveness /healthz port; 0 disables it."
+            envvar="KUBETRAIN_HEALTH_PORT",
+            min=0,
+            max=65535,
+            help="Port of the probes: /healthz (liveness) and /readyz (readiness); 0 disables them.",
         ),
-    ] = 8080,
+    ] = DEFAULTS.health_port,
     stuck_timeout: Annotated[
         float,
         typer.Option(
@@ -226,7 +237,7 @@ def operator_(
             min=1,
             help="Seconds a pod may wait in ImagePullBackOff/CrashLoopBackOff before the gang restarts.",
         ),
-    ] = 300.0,
+    ] = DEFAULTS.stuck_timeout_seconds,
     straggler_timeout: Annotated[
         float,
         typer.Option(
@@ -234,7 +245,7 @@ def operator_(
             min=1,
             help="Seconds a pod may run on after rank 0's done (work saved) before it is deleted and the job succeeds.",
         ),
-    ] = 90.0,
+    ] = DEFAULTS.straggler_timeout_seconds,
     progress_interval: Annotated[
         float,
         typer.Option(
@@ -242,7 +253,7 @@ def operator_(
             min=1,
             help="How often rank 0's log is read for status.progress.",
         ),
-    ] = 15.0,
+    ] = DEFAULTS.progress_interval_seconds,
     workers: Annotated[
         int,
         typer.Option(
@@ -251,20 +262,71 @@ def operator_(
             max=256,
             help="Jobs creating their pods at once; the others wait their turn.",
         ),
-    ] = 8,
+    ] = DEFAULTS.workers,
+    leader_elect: Annotated[
+        bool,
+        typer.Option(
+            "--leader-elect/--no-leader-elect",
+            envvar="KUBETRAIN_LEADER_ELECT",
+            help="Reconcile only while holding the leader Lease (run several replicas); "
+            "--no-leader-elect: always (exactly one replica, e.g. against a test cluster).",
+        ),
+    ] = DEFAULTS.leader_elect,
+    lease_name: Annotated[
+        str,
+        typer.Option("--leader-elect-resource-name", envvar="KUBETRAIN_LEASE_NAME", help="Name of the leader Lease."),
+    ] = DEFAULTS.lease_name,
+    lease_namespace: Annotated[
+        str,
+        typer.Option(
+            "--leader-elect-resource-namespace",
+            envvar="KUBETRAIN_LEASE_NAMESPACE",
+            help="Namespace of the leader Lease; empty: the operator's own (in a pod), else the kubeconfig's.",
+        ),
+    ] = DEFAULTS.lease_namespace,
+    lease_duration: Annotated[
+        float,
+        typer.Option(
+            "--leader-elect-lease-duration",
+            envvar="KUBETRAIN_LEASE_DURATION_SECONDS",
+            help="Seconds after the leader's last renewal before a standby takes over (a killed leader).",
+        ),
+    ] = DEFAULTS.lease.duration,
+    renew_deadline: Annotated[
+        float,
+        typer.Option(
+            "--leader-elect-renew-deadline",
+            envvar="KUBETRAIN_LEASE_RENEW_DEADLINE_SECONDS",
+            help="Seconds the leader keeps writing without a successful renewal; below the lease duration.",
+        ),
+    ] = DEFAULTS.lease.renew_deadline,
+    retry_period: Annotated[
+        float,
+        typer.Option(
+            "--leader-elect-retry-period",
+            envvar="KUBETRAIN_LEASE_RETRY_PERIOD_SECONDS",
+            help="Seconds between the leader's renewals and a standby's tries.",
+        ),
+    ] = DEFAULTS.lease.retry_period,
     log_level: Annotated[
         LogLevel, typer.Option(envvar="KUBETRAIN_LOG_LEVEL", case_sensitive=False, help="Log level.")
-    ] = LogLevel.info,
-    log_format: Annotated[LogFormat, typer.Option(envvar="KUBETRAIN_LOG_FORMAT", help="Log format.")] = LogFormat.json,
+    ] = DEFAULT_LOG_LEVEL,
+    log_format: Annotated[
+        LogFormat, typer.Option(envvar="KUBETRAIN_LOG_FORMAT", help="Log format.")
+    ] = DEFAULT_LOG_FORMAT,
 ) -> None:
     """Run the TrainingJob operator against the current kubeconfig (in a pod: its ServiceAccount).
 
-    Standalone kopf (no peering): run exactly one replica.
+    Run several replicas: the one holding the leader Lease reconciles, the others stand by with
+    warm caches (docs/operator-ha.md).
     """
-    from kubetrain.operator.render import RenderSettings
     from kubetrain.operator.run import run_operator
-    from kubetrain.operator.settings import OperatorSettings
+    from kubetrain.operator.settings import LeaseTiming, OperatorSettings, RenderSettings
 
+    try:
+        lease = LeaseTiming(duration=lease_duration, renew_deadline=renew_deadline, retry_period=retry_period)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
     settings = OperatorSettings(
         namespaces=tuple(n.strip() for n in namespaces.split(",") if n.strip()),
         render=RenderSettings(cluster_domain=cluster_domain, default_image=trainer_image),
@@ -275,5 +337,10 @@ def operator_(
         health_port=health_port,
         workers=workers,
         log_format=log_format.value,
+        log_level=log_level.value,
+        leader_elect=leader_elect,
+        lease_name=lease_name,
+        lease_namespace=lease_namespace,
+        lease=lease,
     )
-    raise typer.Exit(run_operator(settings, log_level=log_level.value))
+    raise typer.Exit(run_operator(settings))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubetrain.operator.render import RenderSettings
+from kubetrain.operator.settings import RenderSettings
 
 SUBNET_PREFIX = "10.231"
 FIRST_HOST = 10

@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -48,7 +48,7 @@ from kubetrain.operator.forensics import RankStacks
 from kubetrain.operator.kube import ApiError, Conflict, Kube, Refused
 from kubetrain.operator.render import render_pod, render_service
 from kubetrain.operator.settings import OperatorSettings
-from kubetrain.operator.status import Decision, Event, PodView, StaleView, decide, get_condition, parse_time
+from kubetrain.operator.status import Decision, Event, PodView, Policy, StaleView, decide, get_condition, parse_time
 from kubetrain.operator.workqueue import Key, WorkQueue
 
 log = logging.getLogger("kubetrain.operator")
@@ -158,6 +158,10 @@ class Controller:
         stacks_source: LogSource | None = None,
     ) -> None:
         self.settings = settings
+        self.policy = Policy(
+            stuck_timeout=timedelta(seconds=settings.stuck_timeout_seconds),
+            straggler_timeout=timedelta(seconds=settings.straggler_timeout_seconds),
+        )
         self.kube = kube
         tail = settings.progress_tail_lines
         self.log_source = log_source or (lambda namespace, pod: kube.read_log(namespace, pod, tail))
@@ -168,6 +172,11 @@ class Controller:
         self.pods: Index = {}
         self.services: Index = {}
         self.queue = WorkQueue(self.reconcile)
+        # A process reconciles nothing until it leads (operator/leader.py): it only keeps its
+        # caches, parking in the queue what it would have reconciled.
+        self.queue.pause()
+        # Every job and child that existed is in the caches (handlers.py lists them): /readyz.
+        self.synced = False
         # At most `workers` jobs create their children at once, served in arrival order (the
         # semaphore is FIFO). 200 new jobs creating at once share the API server's throughput,
         # so each gets its last pod near the end of the burst; a few at a time finish one
@@ -176,6 +185,20 @@ class Controller:
         self.creating = asyncio.Semaphore(settings.workers)
         self.discovery = podgroup_io.Discovery(kube)
         self.captures = archive_io.Captures(kube)
+
+    # --- leadership (operator/leader.py) ---------------------------------------------------
+    def lead(self) -> None:
+        """This process leads now: reconcile every job it knows (a standby reconciled nothing,
+        and its predecessor may have stopped in the middle of any), then whatever comes."""
+        metrics.LEADER.set(1)
+        self.queue.parked.update(self.jobs)
+        self.queue.resume()
+
+    def follow(self) -> None:
+        """Another process leads, or this one is stopping: start no reconcile (the running ones
+        finish or fail at kube.py's write gate and are parked)."""
+        metrics.LEADER.set(0)
+        self.queue.pause()
 
     # --- what the watches see -----------------------------------------------------------
     def watch(self, pods: Index, services: Index) -> None:
@@ -272,7 +295,7 @@ class Controller:
         service_exists = state.expectations.service or bool(self.services.get(key))
         now = datetime.now(UTC).replace(microsecond=0)
         uid = body["metadata"]["uid"]
-        policy = replace(self.settings.policy, group_apis=await self.discovery.served())
+        policy = replace(self.policy, group_apis=await self.discovery.served())
         try:
             admission = await kueue_io.admission(self.kube, self.settings.render, key[0], uid, job, pods, now)
             decision = decide(job, uid, pods, service_exists, now, policy, admission.hold)
@@ -384,16 +407,18 @@ class Controller:
         previous = TrainingJobStatus.model_validate(body.get("status") or {})
         previous_wire, decided_wire = previous.wire(), decision.status.wire()
         committed = decision.commit_first and decided_wire != previous_wire
-        if committed:
-            await self._write_status(state, body, decided_wire)
+        if committed and not await self._write_status(state, body, decided_wire):
+            self._gone(key)
+            return None
         grace = decision.delete_grace_seconds
         await asyncio.gather(*(self._delete(state, namespace, pod, uid, grace) for pod, uid in decision.delete_pods))
         created, refused = await self._create(key, state, job, decision, flavors)
         now = datetime.now(UTC).replace(microsecond=0)
         status, events = refusal.settle(previous, decision, committed, refused, created, now)
         wire = decided_wire if status is decision.status else status.wire()
-        if wire != (decided_wire if committed else previous_wire):
-            await self._write_status(state, body, wire)
+        if wire != (decided_wire if committed else previous_wire) and not await self._write_status(state, body, wire):
+            self._gone(key)
+            return None
         await self._announce(key, body, status, events)
         # After the status write: a checkpoint found in an archived log is recorded before the
         # pod that logged it can go (an operator that dies before this redoes the archive).
@@ -404,6 +429,12 @@ class Controller:
             await self.kube.delete_job(namespace, name, body["metadata"]["uid"])
         return self._requeue(state, decision, refused)
 
+    def _gone(self, key: Key) -> None:
+        """The job was deleted under the reconcile. Its watch event comes, unless it was deleted
+        between the startup list and kopf's first list (handlers.py): forget it here, or each
+        reconcile would recreate pods that the garbage collector removes."""
+        self.job_deleted(key)
+
     def _requeue(self, state: JobState, decision: Decision, refused: refusal.Refusal | None) -> float | None:
         if refused is None or not refused.transient:
             state.refusals = 0
@@ -413,12 +444,15 @@ class Controller:
         state.refusals += 1
         return backoff if decision.requeue_after is None else min(backoff, decision.requeue_after)
 
-    async def _write_status(self, state: JobState, body: dict[str, Any], status: dict[str, Any]) -> None:
+    async def _write_status(self, state: JobState, body: dict[str, Any], status: dict[str, Any]) -> bool:
+        """Whether it was written: False when the job is gone."""
         written = await self.kube.replace_status(body, status)
-        if written is not None:
-            if _rv(written) >= _rv(state.body):
-                state.body = _held(written)
-            body["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"]
+        if written is None:
+            return False
+        if _rv(written) >= _rv(state.body):
+            state.body = _held(written)
+        body["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"]
+        return True
 
     async def _delete(self, state: JobState, namespace: str, pod: str, uid: str, grace: int | None) -> None:
         if uid in state.expectations.deletions:

@@ -8,17 +8,18 @@ from datetime import timedelta
 from typing import Literal
 
 from kubetrain.api.models import TrainingJobStatus
+from kubetrain.operator.settings import DEFAULTS
 
 
 @dataclass(frozen=True)
 class Policy:
     """Operator-wide knobs that are not part of a job's spec."""
 
-    stuck_timeout: timedelta = timedelta(minutes=5)
+    stuck_timeout: timedelta = timedelta(seconds=DEFAULTS.stuck_timeout_seconds)
     # The straggler rule (status._stragglers): how long after rank 0's `done` a rank may still
     # run before its pod is deleted and the job succeeds without it. Clean exits take seconds;
     # node 0 itself waits up to 60 s in its exit barrier for the other nodes' agents.
-    straggler_timeout: timedelta = timedelta(seconds=90)
+    straggler_timeout: timedelta = timedelta(seconds=DEFAULTS.straggler_timeout_seconds)
     # The grace period of the pods deleted after a crash or a stall. A disruption (a pod
     # deleted, evicted, preempted; suspend) leaves the gang whole, and the pods' own grace
     # lets every rank checkpoint its current step; after a crash the survivors cannot (their

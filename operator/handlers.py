@@ -8,9 +8,11 @@ Why event handlers and a work queue rather than kopf's on.create/on.update:
   * A job must be reconciled when any of its pods changes; the queue coalesces the bursts
     (4 pods created -> 1 reconcile, not 4) and serializes reconciles of one job.
 kopf watches the TrainingJobs only; the pods and Services go from our own watches straight
-to the controller (operator/informer.py), listed in the startup handler, which kopf finishes
-before it watches anything: a restarted operator never mistakes "not in my cache yet" for
-"missing" (which would recreate single pods of a running gang).
+to the controller (operator/informer.py). The startup handler, which kopf finishes before it
+watches anything, lists the children and the TrainingJobs first: a restarted operator never
+mistakes "not in my cache yet" for "missing" (which would recreate single pods of a running
+gang), and /readyz (operator/health.py) means that every job is known. Only then does this
+process stand for leader (operator/leader.py); until it leads its work queue runs nothing.
 
 No finalizer on TrainingJobs: children carry a controller ownerReference, so the garbage
 collector removes them with the job, and the operator never blocks a job's deletion. Pods
@@ -21,6 +23,7 @@ the operator kept its log tail, and a pod of a deleted job only until the operat
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -30,9 +33,16 @@ import kopf
 from kubetrain.api import naming
 from kubetrain.operator import kueue
 from kubetrain.operator.controller import Controller
-from kubetrain.operator.informer import Informer
+from kubetrain.operator.informer import Informer, list_jobs
 from kubetrain.operator.kube import ApiError
+from kubetrain.operator.leader import Leadership
 from kubetrain.operator.pods import PodView
+
+log = logging.getLogger("kubetrain.operator")
+API_RETRY_SECONDS = 1.0
+# How long the requests in flight at shutdown may take to return before the Lease is given up
+# under them (a hung one is then left to its preconditions: each write is safe to repeat).
+DRAIN_SECONDS = 5.0
 
 
 class NoDiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -44,6 +54,13 @@ class NoDiffBase(kopf.AnnotationsDiffBaseStorage):
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
         return cast(kopf.BodyEssence, {})
+
+
+def _leadership(memo: kopf.Memo) -> Leadership:
+    leadership = memo.get("leadership")
+    if leadership is None:
+        raise kopf.PermanentError("kopf's memo holds no leadership: start the operator with `kubetrain operator`")
+    return cast(Leadership, leadership)
 
 
 def _controller(memo: kopf.Memo) -> Controller:
@@ -72,19 +89,37 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # by default, all of it added to a new job's time-to-pods. The handler only enqueues,
     # and the queue coalesces bursts itself.
     settings.batching.batch_window = 0.01
+    # After an API server outage kopf retries its list and watch with backoffs of 1, 1, 2, 3,
+    # 5, 8, 13, 21 s: a job created just after a 40 s outage waited 12-21 s. Every second, as
+    # our own watches do, for as long as kopf's default would try (then it starts over).
+    settings.networking.error_backoffs = [API_RETRY_SECONDS] * 60
     pods = Informer(controller.kube, "pods", namespaces, PodView.from_pod, controller.pod_changed)
     services = Informer(controller.kube, "services", namespaces, _name, controller.service_changed)
     try:
-        await asyncio.gather(pods.list(), services.list())
+        jobs, *_ = await asyncio.gather(list_jobs(controller.kube, namespaces), pods.list(), services.list())
     except (ApiError, aiohttp.ClientError, TimeoutError) as error:
-        raise kopf.TemporaryError(f"listing the TrainingJobs' children failed: {error}", delay=2) from error
+        raise kopf.TemporaryError(f"listing the TrainingJobs and their children failed: {error}", delay=2) from error
     controller.watch(pods.index, services.index)
+    for job in jobs:
+        controller.job_seen(job)
+    controller.synced = True
     # Startup and cleanup handlers share kopf's root memo; per-object handlers get copies.
     memo["watches"] = [asyncio.create_task(informer.run()) for informer in (pods, services)]
+    memo["watches"].append(asyncio.create_task(_leadership(memo).run()))
 
 
 @kopf.on.cleanup()
-async def stop_watching(memo: kopf.Memo, **_: Any) -> None:
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    """Hand over: stop writing (a reconcile in flight is cut at its next write, which is safe
+    at any line: the successor reconciles every job), let the requests already sent return,
+    give the Lease back (a standby leads at once), stop watching. Nobody writes between the
+    resignation and the release."""
+    controller, leadership = _controller(memo), _leadership(memo)
+    await leadership.resign()
+    if not await controller.queue.drain(DRAIN_SECONDS):
+        unanswered = len(controller.queue.tasks)
+        log.warning("requests of %d reconciles unanswered after %.0f s; stopping anyway", unanswered, DRAIN_SECONDS)
+    await leadership.release()
     for task in memo.get("watches", ()):
         task.cancel()
 

@@ -82,16 +82,46 @@ class Index(Mapping[Key, Collection[Any]]):
         return {uid for uid, key in self._job_of.items() if namespace is None or key[0] == namespace}
 
 
+def scopes(namespaces: Collection[str]) -> tuple[list[str | None], Callable[[str], bool]]:
+    """What to list and watch for `namespaces` (None: cluster-wide), and which namespaces the
+    operator keeps of what that shows (the globs' filter)."""
+    globs = [n for n in namespaces if any(c in n for c in "*?[")]
+    if not globs:
+        return ([None] if not namespaces else list(namespaces)), bool
+    return [None], lambda namespace: any(fnmatch.fnmatchcase(namespace, n) for n in namespaces)
+
+
+async def list_all(kube: Kube, path: str, query: dict[str, str]) -> tuple[list[dict[str, Any]], str]:
+    """Every item of a list, `PAGE` per request, and the resourceVersion of the one snapshot
+    that the pages of a paginated list share."""
+    query = {**query, "limit": str(PAGE)}
+    items: list[dict[str, Any]] = []
+    while True:
+        page = await kube.list(path, query)
+        items += page.get("items") or []
+        more = page["metadata"].get("continue")
+        if not more:
+            return items, str(page["metadata"]["resourceVersion"])
+        query = {**query, "continue": more}
+
+
+async def list_jobs(kube: Kube, namespaces: Collection[str]) -> list[dict[str, Any]]:
+    """The TrainingJobs in the operator's namespaces, listed once at startup: kopf watches them
+    afterwards, but says nothing when its first list is done, and readiness means "every job
+    that existed is known" (docs/operator-ha.md)."""
+    where, admits = scopes(namespaces)
+    group = f"/apis/{naming.GROUP}/{naming.VERSION}"
+    paths = [f"{group}/{naming.PLURAL}" if s is None else f"{group}/namespaces/{s}/{naming.PLURAL}" for s in where]
+    found = await asyncio.gather(*(list_all(kube, path, {}) for path in paths))
+    return [job for items, _ in found for job in items if admits(job["metadata"]["namespace"])]
+
+
 class Informer:
     """One kind of child (`plural`: "pods" or "services") in the operator's namespaces."""
 
     def __init__(self, kube: Kube, plural: str, namespaces: Collection[str], extract: Extract, notify: Notify) -> None:
         self.kube, self.plural, self.extract, self.notify = kube, plural, extract, notify
-        globs = [n for n in namespaces if any(c in n for c in "*?[")]
-        self.scopes: list[str | None] = [None] if globs or not namespaces else list(namespaces)
-        self.admits: Callable[[str], bool] = (
-            (lambda namespace: any(fnmatch.fnmatchcase(namespace, n) for n in namespaces)) if globs else bool
-        )
+        self.scopes, self.admits = scopes(namespaces)
         self.index = Index()
         self.versions: dict[str | None, str] = {}
 
@@ -103,19 +133,11 @@ class Informer:
         await asyncio.gather(*(self._list(scope) for scope in self.scopes))
 
     async def _list(self, scope: str | None) -> None:
-        query = {"labelSelector": SELECTOR, "limit": str(PAGE)}
+        items, self.versions[scope] = await list_all(self.kube, self._path(scope), {"labelSelector": SELECTOR})
         listed: set[str] = set()
-        while True:
-            page = await self.kube.list(self._path(scope), query)
-            for item in page.get("items") or []:
-                listed.add(item["metadata"]["uid"])
-                self._seen("ADDED", item)
-            more = page["metadata"].get("continue")
-            if not more:
-                break
-            query = {**query, "continue": more}
-        # The pages of a paginated list are one snapshot, each carrying its resourceVersion.
-        self.versions[scope] = page["metadata"]["resourceVersion"]
+        for item in items:
+            listed.add(item["metadata"]["uid"])
+            self._seen("ADDED", item)
         for uid in self.index.uids(scope) - listed:  # deleted while nobody watched
             key = self.index.drop(uid)
             if key is not None:

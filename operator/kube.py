@@ -1,5 +1,9 @@
 """The only module that talks to the API server (besides kopf's own watching).
 
+Every write passes one gate, `Kube.may_write` (operator/leader.py: only while this process
+holds the leader Lease); a write without it raises `NotLeader`, before any byte is sent. The
+Lease itself is the exception: it is how a process becomes the one that may write.
+
 Every write is safe to repeat: create ignores 409 (it exists), delete ignores 404 (it is
 gone) and carries a uid precondition (a same-named successor is never hit), and the status
 is replaced with the resourceVersion it was computed from, so a decision made on a stale
@@ -17,7 +21,7 @@ import os
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -51,6 +55,11 @@ class ApiError(Exception):
         self.message = message
 
 
+class NotLeader(Exception):
+    """A write refused before it was sent: this process does not hold the leader Lease (or
+    could not renew it in time), so another may be writing."""
+
+
 class Conflict(Exception):
     """The object changed since it was read (409 on a resourceVersion precondition)."""
 
@@ -75,6 +84,25 @@ def load_configuration() -> Any:
     return configuration
 
 
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def own_namespace() -> str:
+    """The operator's own namespace: its pod's (the ServiceAccount's), else the kubeconfig
+    context's, else "default" (what kubectl assumes)."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        try:
+            with open(SERVICE_ACCOUNT_NAMESPACE) as file:
+                return file.read().strip()
+        except OSError:
+            pass
+    try:
+        _, active = config.list_kube_config_contexts()  # type: ignore[no-untyped-call]
+    except (config.ConfigException, OSError):
+        return "default"
+    return str((active or {}).get("context", {}).get("namespace") or "default")
+
+
 def _core(namespace: str, plural: str, name: str = "") -> str:
     return f"/api/v1/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
 
@@ -89,6 +117,10 @@ def _namespaced(api_version: str, namespace: str, plural: str) -> str:
 def _job_path(namespace: str, name: str, subresource: str = "") -> str:
     path = f"/apis/{naming.GROUP}/{naming.VERSION}/namespaces/{namespace}/{naming.PLURAL}/{name}"
     return path + (f"/{subresource}" if subresource else "")
+
+
+def _lease_path(namespace: str, name: str) -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases" + (f"/{name}" if name else "")
 
 
 def _kueue_path(plural: str, name: str, namespace: str | None) -> str:
@@ -108,6 +140,9 @@ class Kube:
 
     def __init__(self, configuration: Any, connections: int = 32) -> None:
         self.configuration = configuration
+        # The write gate (see the module's docstring): always open until leader election
+        # (operator/leader.py) sets it.
+        self.may_write: Callable[[], bool] = lambda: True
         self.connections = connections
         self.instance = socket.gethostname()
         self._session: aiohttp.ClientSession | None = None
@@ -156,7 +191,15 @@ class Kube:
         side: bool = False,
         accept: str = "application/json",
         content_type: str = "application/json",
+        gated: bool = True,
+        counted: tuple[str, str] | None = None,
     ) -> bytes:
+        """`counted`: the (verb, resource) a write counts under in kubetrain_api_writes_total,
+        once it passed the gate (a refused one is sent nowhere, so it is not counted)."""
+        if gated and method != "GET" and not self.may_write():
+            raise NotLeader(f"{method} {path}: this operator does not hold the leader Lease")
+        if counted is not None:
+            API_WRITES.labels(*counted).inc()
         headers = {**self._headers(), "Accept": accept}
         data = None
         if body is not None:
@@ -211,10 +254,11 @@ class Kube:
         """Create a Pod, Service or PodGroup: the created object's metadata (as {"metadata": ...}),
         None if one of that name exists already. Raises `Refused` on 403/422."""
         plural = obj["kind"].lower() + "s"
-        API_WRITES.labels("create", plural).inc()
         try:
             path = _namespaced(obj["apiVersion"], obj["metadata"]["namespace"], plural)
-            created: dict[str, Any] = json.loads(await self._request("POST", path, obj, accept=METADATA_ONLY))
+            created: dict[str, Any] = json.loads(
+                await self._request("POST", path, obj, accept=METADATA_ONLY, counted=("create", plural))
+            )
         except ApiError as exc:
             if exc.status == 409:
                 return None
@@ -225,12 +269,11 @@ class Kube:
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None) -> None:
         """`grace_seconds` None: the pod's own terminationGracePeriodSeconds."""
-        API_WRITES.labels("delete", "pods").inc()
         body: dict[str, Any] = {"preconditions": {"uid": uid}} if uid else {}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
         try:
-            await self._request("DELETE", _core(namespace, "pods", name), body)
+            await self._request("DELETE", _core(namespace, "pods", name), body, counted=("delete", "pods"))
         except ApiError as exc:
             # 404: gone already. 409: the uid precondition failed, so the name belongs to a
             # newer pod, which must live.
@@ -239,10 +282,9 @@ class Kube:
 
     async def delete_collection(self, api_version: str, namespace: str, plural: str, selector: str) -> None:
         """Delete what `selector` matches (nothing matching, or the API gone, is fine)."""
-        API_WRITES.labels("deletecollection", plural).inc()
         try:
             path = _namespaced(api_version, namespace, plural)
-            await self._request("DELETE", path, query={"labelSelector": selector})
+            await self._request("DELETE", path, query={"labelSelector": selector}, counted=("deletecollection", plural))
         except ApiError as exc:
             if exc.status != 404:
                 raise
@@ -281,10 +323,15 @@ class Kube:
             "spec": body.get("spec", {}),
             "status": status,
         }
-        API_WRITES.labels("update", "trainingjobs/status").inc()
         try:
             written: dict[str, Any] = json.loads(
-                await self._request("PUT", _job_path(meta["namespace"], meta["name"], "status"), document, side=True)
+                await self._request(
+                    "PUT",
+                    _job_path(meta["namespace"], meta["name"], "status"),
+                    document,
+                    side=True,
+                    counted=("update", "trainingjobs/status"),
+                )
             )
         except ApiError as exc:
             if exc.status == 404:
@@ -295,10 +342,9 @@ class Kube:
         return written
 
     async def delete_job(self, namespace: str, name: str, uid: str) -> None:
-        API_WRITES.labels("delete", "trainingjobs").inc()
         body = {"preconditions": {"uid": uid}, "propagationPolicy": "Background"}
         try:
-            await self._request("DELETE", _job_path(namespace, name), body)
+            await self._request("DELETE", _job_path(namespace, name), body, counted=("delete", "trainingjobs"))
         except ApiError as exc:
             if exc.status not in (404, 409):
                 raise
@@ -329,9 +375,10 @@ class Kube:
             "lastTimestamp": now,
             "count": 1,
         }
-        API_WRITES.labels("create", "events").inc()
         try:
-            await self._request("POST", _core(meta["namespace"], "events"), event, side=True)
+            await self._request(
+                "POST", _core(meta["namespace"], "events"), event, side=True, counted=("create", "events")
+            )
         except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
             # Events are for humans; the status already holds the transition.
             log.warning("event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], exc)
@@ -349,9 +396,13 @@ class Kube:
 
     async def create_workload(self, workload: dict[str, Any]) -> None:
         """Create the job's Workload; an existing one (409) is fine. Raises `Refused` on 403/422."""
-        API_WRITES.labels("create", "workloads").inc()
         try:
-            await self._request("POST", _kueue_path("workloads", "", workload["metadata"]["namespace"]), workload)
+            await self._request(
+                "POST",
+                _kueue_path("workloads", "", workload["metadata"]["namespace"]),
+                workload,
+                counted=("create", "workloads"),
+            )
         except ApiError as exc:
             if exc.status in (403, 422):
                 raise Refused(exc.status, exc.message) from exc
@@ -368,15 +419,53 @@ class Kube:
 
     async def _replace_workload(self, workload: dict[str, Any], document: dict[str, Any], subresource: str) -> None:
         meta = workload["metadata"]
-        API_WRITES.labels("update", "workloads" + subresource).inc()
         path = _kueue_path("workloads", meta["name"], meta["namespace"]) + subresource
         try:
-            await self._request("PUT", path, document, side=True)
+            await self._request("PUT", path, document, side=True, counted=("update", "workloads" + subresource))
         except ApiError as exc:
             # 409: Kueue changed it since it was read; that change's watch event reconciles
             # the job again, from the newer Workload. 404: gone with its job.
             if exc.status not in (404, 409):
                 raise
+
+    # --- the leader Lease (operator/leader.py); never gated: it decides who may write ------------
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            lease: dict[str, Any] = json.loads(await self._request("GET", _lease_path(namespace, name)))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return lease
+
+    async def create_lease(self, lease: dict[str, Any]) -> dict[str, Any] | None:
+        """Create the Lease; None if another candidate created it first (409)."""
+        path = _lease_path(lease["metadata"]["namespace"], "")
+        try:
+            created: dict[str, Any] = json.loads(await self._request("POST", path, lease, gated=False))
+        except ApiError as exc:
+            if exc.status == 409:
+                return None
+            raise
+        return created
+
+    async def replace_lease(self, lease: dict[str, Any]) -> dict[str, Any] | None:
+        """Write the Lease, conditional on the resourceVersion it carries; None if it changed
+        since it was read (another candidate wrote first) or is gone."""
+        meta = lease["metadata"]
+        try:
+            written: dict[str, Any] = json.loads(
+                await self._request("PUT", _lease_path(meta["namespace"], meta["name"]), lease, gated=False)
+            )
+        except ApiError as exc:
+            if exc.status in (404, 409):
+                return None
+            raise
+        return written
+
+    def watch_lease(self, namespace: str, name: str, timeout: float) -> AsyncIterator[dict[str, Any]]:
+        """The events of the one Lease (a fieldSelector on its name: RBAC may grant it by name)."""
+        return self.watch(_lease_path(namespace, ""), {"fieldSelector": f"metadata.name={name}"}, timeout)
 
     async def read_log(self, namespace: str, pod: str, tail_lines: int) -> str:
         query = {"container": naming.CONTAINER_NAME, "tailLines": str(tail_lines)}
@@ -410,7 +499,6 @@ class Kube:
         """Apply a JSON patch (RFC 6902) to a core object: False if it is gone (404) or one of the
         patch's `test` operations failed (422), which leaves the object untouched. Raises
         `Refused` on 403."""
-        API_WRITES.labels("patch", plural).inc()
         try:
             await self._request(
                 "PATCH",
@@ -418,6 +506,7 @@ class Kube:
                 operations,
                 accept=METADATA_ONLY,
                 content_type="application/json-patch+json",
+                counted=("patch", plural),
             )
         except ApiError as exc:
             if exc.status in (404, 422):

@@ -12,7 +12,8 @@ from kubetrain.operator import kueue
 from kubetrain.operator.decision import Hold
 from kubetrain.operator.kube import Kube, Refused
 from kubetrain.operator.pods import PodView
-from kubetrain.operator.render import RenderSettings, render_pod
+from kubetrain.operator.render import render_pod
+from kubetrain.operator.settings import RenderSettings
 
 # A queued job whose Workload cannot be created yet (its WorkloadPriorityClass is missing, the
 # API server refused it) looks again this often.

@@ -19,3 +19,7 @@ TIME_TO_CREATED = Histogram(
     buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
 )
 API_WRITES = Counter("kubetrain_api_writes_total", "API writes made by the operator.", ["verb", "resource"])
+LEADER = Gauge(
+    "kubetrain_leader",
+    "1 while this operator process leads (holds the leader Lease, or runs with --no-leader-elect), else 0.",
+)

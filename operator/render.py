@@ -9,7 +9,6 @@ their containers as local processes, so the env contract has exactly one impleme
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any
 
 from kubetrain.api import naming
@@ -27,6 +26,7 @@ from kubetrain.api.contract import (
 from kubetrain.api.models import GPU_RESOURCE, TrainingJob
 from kubetrain.api.podtemplate import PodTemplate
 from kubetrain.api.training import CONFIG_ENV
+from kubetrain.operator.settings import DEFAULTS, RenderSettings
 
 CHECKPOINT_VOLUME = naming.CHECKPOINT_VOLUME
 SHM_VOLUME = naming.SHM_VOLUME
@@ -51,12 +51,6 @@ CONTAINER_SECURITY: dict[str, Any] = {
 }
 # Who the processes run as. Setting any of these in spec.template hands the choice to the user.
 IDENTITY = ("runAsUser", "runAsGroup", "fsGroup", "runAsNonRoot")
-
-
-@dataclass(frozen=True)
-class RenderSettings:
-    cluster_domain: str = "cluster.local"
-    default_image: str = "kubetrain/trainer:0.1.0"
 
 
 def owner_reference(job: TrainingJob, uid: str) -> dict[str, Any]:
@@ -188,7 +182,7 @@ def render_pod(
     uid: str,
     node_rank: int,
     attempt: int,
-    settings: RenderSettings = RenderSettings(),
+    settings: RenderSettings = DEFAULTS.render,
 ) -> dict[str, Any]:
     spec = job.spec
     if not 0 <= node_rank < spec.nodes:
@@ -340,6 +334,6 @@ def render_pods(
     namespace: str,
     uid: str,
     attempt: int,
-    settings: RenderSettings = RenderSettings(),
+    settings: RenderSettings = DEFAULTS.render,
 ) -> list[dict[str, Any]]:
     return [render_pod(job, namespace, uid, rank, attempt, settings) for rank in range(job.spec.nodes)]

@@ -1,22 +1,27 @@
-"""`kubetrain operator`: kopf in standalone mode with our handlers, metrics and settings."""
+"""`kubetrain operator`: kopf in standalone mode with our handlers, probes, metrics, settings and
+leader election."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import uuid
 
+import kopf
+from prometheus_client import start_http_server
+
+from kubetrain.operator import handlers, health
+from kubetrain.operator.controller import Controller
+from kubetrain.operator.kube import Kube, load_configuration, own_namespace
+from kubetrain.operator.leader import AlwaysLeader, Elector, Leadership
 from kubetrain.operator.settings import OperatorSettings
 
+assert handlers  # imported for its kopf decorators, which register the handlers
 
-def run_operator(settings: OperatorSettings, log_level: str = "info") -> int:
-    import kopf
-    from prometheus_client import start_http_server
 
-    from kubetrain.operator import handlers  # noqa: F401  (registers the kopf handlers)
-    from kubetrain.operator.controller import Controller
-    from kubetrain.operator.kube import Kube, load_configuration
-
-    level = getattr(logging, log_level.upper(), logging.INFO)
+def run_operator(settings: OperatorSettings) -> int:
+    level = getattr(logging, settings.log_level.upper(), logging.INFO)
     kopf.configure(
         debug=level <= logging.DEBUG,
         verbose=level <= logging.INFO,
@@ -26,9 +31,9 @@ def run_operator(settings: OperatorSettings, log_level: str = "info") -> int:
     logging.getLogger().setLevel(level)
     # Per-request chatter shows only at debug: kopf reports every handler call ("Handler
     # 'pod_event' succeeded.") at INFO, one line per watch event (the operator logs its own
-    # transitions), and kopf's liveness endpoint is an aiohttp server that logs every request
-    # at INFO: on a real node the kubelet's probes filled the log with a line every few seconds
-    # and pushed the reconcile lines out of `kubectl logs --tail`.
+    # transitions), and the probes' aiohttp server logs every request at INFO: on a real node
+    # the kubelet's probes filled the log with a line every few seconds and pushed the
+    # reconcile lines out of `kubectl logs --tail`.
     chatter = level if level <= logging.DEBUG else max(level, logging.WARNING)
     logging.getLogger("kopf.objects").setLevel(chatter)
     logging.getLogger("aiohttp.access").setLevel(chatter)
@@ -37,15 +42,40 @@ def run_operator(settings: OperatorSettings, log_level: str = "info") -> int:
     controller = Controller(settings, Kube(load_configuration(), settings.api_connections))
     if settings.metrics_port:
         start_http_server(settings.metrics_port)
-    asyncio.run(
-        kopf.operator(
-            # Standalone: no kopf peering objects (and no RBAC for them); one replica only.
+    asyncio.run(_operate(settings, controller))
+    return 0
+
+
+async def _operate(settings: OperatorSettings, controller: Controller) -> None:
+    leadership: Leadership
+    if settings.leader_elect:
+        # Unique per process (client-go's hostname_uuid): a restarted container is a new
+        # candidate, and two processes on one host (hostNetwork pods, tests) never share one.
+        identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        namespace = settings.lease_namespace or own_namespace()
+        leadership = Elector(
+            controller.kube,
+            namespace,
+            settings.lease_name,
+            identity,
+            settings.lease,
+            controller.lead,
+            controller.follow,
+        )
+    else:
+        leadership = AlwaysLeader(controller.lead, controller.follow)
+    controller.kube.may_write = lambda: leadership.leading
+    probes = await health.serve(settings.health_port, lambda: controller.synced) if settings.health_port else None
+    try:
+        await kopf.operator(
+            # Standalone: no kopf peering objects (and no RBAC for them); leader election on a
+            # Lease (operator/leader.py) decides which replica reconciles.
             standalone=True,
             clusterwide=not settings.namespaces,
             namespaces=list(settings.namespaces),
-            liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None,
             # Every handler gets a shallow copy of this memo: the one controller (handlers.py).
-            memo=kopf.Memo(controller=controller),
+            memo=kopf.Memo(controller=controller, leadership=leadership),
         )
-    )
-    return 0
+    finally:
+        if probes is not None:
+            await probes.cleanup()

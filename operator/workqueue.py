@@ -5,6 +5,11 @@ watch events but one reconcile, and two reconciles of one job never overlap (the
 decide on the same view twice). Different jobs run concurrently. A reconcile returns when to
 look again (a deadline, the next progress read); one that raises is retried with capped
 exponential backoff, as client-go's rate-limited workqueue does.
+
+A paused queue (a standby operator, one that lost the leader Lease or is shutting down) runs
+nothing: what it is given is parked, and runs when it resumes. A reconcile that was running
+when the queue paused and then fails (its writes refused: operator/kube.py's gate) is parked
+too, not retried.
 """
 
 from __future__ import annotations
@@ -30,6 +35,23 @@ class WorkQueue:
         self.timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.failures: dict[Key, int] = {}
+        self.paused = False
+        self.parked: set[Key] = set()
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        parked, self.parked = self.parked, set()
+        for key in parked:
+            self.add(key)
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait up to `timeout` for the running reconciles (pause first); whether all ended."""
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=timeout)
+        return not self.tasks
 
     def add(self, key: Key, delay: float = 0.0) -> None:
         loop = asyncio.get_running_loop()
@@ -41,6 +63,9 @@ class WorkQueue:
             if pending is not None:
                 pending[1].cancel()
             self.timers[key] = (due, loop.call_at(due, self._fire, key))
+            return
+        if self.paused:
+            self.parked.add(key)
             return
         if key in self.running:
             self.dirty.add(key)
@@ -59,6 +84,7 @@ class WorkQueue:
         if pending is not None:
             pending[1].cancel()
         self.failures.pop(key, None)
+        self.parked.discard(key)
 
     async def _run(self, key: Key) -> None:
         try:
@@ -67,7 +93,11 @@ class WorkQueue:
                 try:
                     requeue = await self.work(key)
                     self.failures.pop(key, None)
-                except Exception:
+                except Exception as error:
+                    if self.paused:
+                        log.debug("reconcile of %s/%s stopped: %s", *key, error)
+                        self.parked.add(key)
+                        return
                     metrics.RECONCILE_ERRORS.inc()
                     count = self.failures[key] = self.failures.get(key, 0) + 1
                     requeue = min(0.25 * 2**count, 60.0)
@@ -78,6 +108,10 @@ class WorkQueue:
                     else:
                         self.add(key, requeue)
                 if key not in self.dirty:
+                    return
+                if self.paused:
+                    self.dirty.discard(key)
+                    self.parked.add(key)
                     return
         finally:
             self.running.discard(key)

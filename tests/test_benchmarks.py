@@ -82,6 +82,20 @@ def test_operator_scale_benchmark_runs(control_plane: ControlPlane, tmp_path: Pa
 
 
 @pytest.mark.slow
+def test_operator_failover_benchmark_runs(control_plane: ControlPlane, tmp_path: Path) -> None:
+    # A short lease: the SIGKILL round waits it out.
+    lease = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1")
+    sizes = ("--jobs", "2", "--nodes", "2", "--steady-seconds", "2", "--rounds", "1")
+    result = run_benchmark("operator_failover.py", tmp_path / "failover.json", *sizes, *lease)
+    assert result["steady"]["standby"]["rss_mib"] > 0 and result["steady"]["leader"]["rss_mib"] > 0
+    assert [r["how"] for r in result["rounds"]] == ["sigkill", "sigterm"]
+    for how in ("sigkill", "sigterm"):
+        figures = result["summary"][how]
+        assert 0 < figures["takeover_s"]["max"] <= figures["new_job_pods_s"]["max"], figures
+    # A killed leader's Lease runs out (4 s); a released one is taken at once.
+    assert result["summary"]["sigkill"]["takeover_s"]["min"] > result["summary"]["sigterm"]["takeover_s"]["max"]
+
+
 def test_local_startup_benchmark_runs(tmp_path: Path) -> None:
     result = run_benchmark("local_startup.py", tmp_path / "startup.json", "--repeats", "1")
     assert result["repeats"] == 1 and result["to_first_step_s"]["median"] > 0

@@ -24,7 +24,7 @@ from support import tools
 from support.controlplane import ControlPlane, find_tool, free_port
 from support.jobs import valid_job
 from support.kubelet import FakeKubelet
-from support.operator_process import OperatorProcess
+from support.operator_process import running_operator
 from support.processnode import ProcessNode
 from support.waiting import wait_for
 
@@ -474,20 +474,20 @@ def test_end_to_end_apply_operator_pods_training_succeeded(
         phase = job.get("status", {}).get("phase")
         return phase if phase in ("Succeeded", "Failed") else None
 
-    operator = OperatorProcess(crds_installed.kubeconfig, tmp_path / "operator.log", namespaces=namespace).start()
-    try:
-        with ProcessNode(crds_installed.api_client, namespaces=[namespace], workdir=tmp_path / "node") as node:
-            crds_installed.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
-            phase = wait_for(finished, 240, f"the TrainingJob to finish (operator log: {operator.log_path})")
-            rank0 = node.logs(namespace, naming.pod_name("e2e", 0))
-            assert phase == "Succeeded", f"{rank0[-3000:]}\n{operator.log()[-3000:]}"
-            assert '"event":"done"' in rank0, rank0[-3000:]
-            checkpoints = node.workdir / "pods" / namespace / naming.pod_name("e2e", 0) / "volumes" / "checkpoints"
-            assert list(checkpoints.glob("step-*")), "rank 0 wrote no checkpoint into its mounted volume"
-            assert node.errors == []
-    finally:
-        operator.stop()
-    assert "Traceback" not in operator.log(), operator.log()[-3000:]
+    log = tmp_path / "operator.log"
+    workdir = tmp_path / "node"
+    with (
+        running_operator(crds_installed.kubeconfig, log, namespace) as operator,
+        ProcessNode(crds_installed.api_client, namespaces=[namespace], workdir=workdir) as node,
+    ):
+        crds_installed.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
+        phase = wait_for(finished, 240, f"the TrainingJob to finish (operator log: {operator.log_path})")
+        rank0 = node.logs(namespace, naming.pod_name("e2e", 0))
+        assert phase == "Succeeded", f"{rank0[-3000:]}\n{operator.log()[-3000:]}"
+        assert '"event":"done"' in rank0, rank0[-3000:]
+        checkpoints = node.workdir / "pods" / namespace / naming.pod_name("e2e", 0) / "volumes" / "checkpoints"
+        assert list(checkpoints.glob("step-*")), "rank 0 wrote no checkpoint into its mounted volume"
+        assert node.errors == []
 
 
 def test_snapshot_matches_the_live_apiserver(control_plane: ControlPlane) -> None:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 
 # What the script reads, copied into a scratch repository the key tests may change.
 CONTEXT = ["Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "api", "operator", "local", "trainer"]
-CONTEXT += ["cli", "examples", "charts", "tests/cluster/build-images.sh", "tests/conftest.py"]
+CONTEXT += ["cli", "client", "examples", "charts", "tests/cluster/build-images.sh", "tests/conftest.py"]
 
 
 @pytest.fixture

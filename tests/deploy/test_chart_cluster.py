@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 import yaml
-from support.controlplane import ControlPlane, free_port, service_account_kubeconfig
+from support.controlplane import ControlPlane, free_ports, service_account_kubeconfig
 from support.jobs import valid_job
 from support.kubelet import FakeKubelet
-from support.tools import CHART, CLUSTER_ONLY_RULES, NAMESPACED_RULES
+from support.tools import CHART, CLUSTER_ONLY_RULES, LEASE_RULES, NAMESPACED_RULES
 from support.waiting import wait_for
 
 from kubetrain.api import naming
@@ -64,7 +64,9 @@ DENIED: list[tuple[str, str]] = [
 ]
 
 
-def can_i(cp: ControlPlane, subject: str, verb: str, resource: str, namespace: str | None) -> bool:
+def can_i(
+    cp: ControlPlane, subject: str, verb: str, resource: str, namespace: str | None, object_name: str = ""
+) -> bool:
     """What `kubectl auth can-i --as=<subject>` asks, as a SubjectAccessReview naming the group:
     kubectl resolves the type through discovery, and for an API this server does not serve
     (PodGroups without their feature gates) it asks about a core resource of that dotted name."""
@@ -78,7 +80,11 @@ def can_i(cp: ControlPlane, subject: str, verb: str, resource: str, namespace: s
     review = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SubjectAccessReview",
-        "spec": {"user": subject, "groups": groups, "resourceAttributes": {**attributes, "namespace": namespace or ""}},
+        "spec": {
+            "user": subject,
+            "groups": groups,
+            "resourceAttributes": {**attributes, "namespace": namespace or "", "name": object_name},
+        },
     }
     answer = json.loads(kubectl(cp, "create", "-o", "json", "-f", "-", input=json.dumps(review)).stdout)
     return bool(answer["status"].get("allowed"))
@@ -168,11 +174,14 @@ def test_server_dry_run_accepts_the_rendered_chart(
     result = kubectl(control_plane, "apply", "--dry-run=server", "-f", "-", input=manifests)
     kinds = {line.split("/")[0] for line in result.stdout.splitlines()}
     expected = {"serviceaccount", "service", "deployment.apps", "customresourcedefinition.apiextensions.k8s.io"}
-    expected |= (
-        {"role.rbac.authorization.k8s.io", "rolebinding.rbac.authorization.k8s.io"}
-        if mode == "namespaced"
-        else {"clusterrole.rbac.authorization.k8s.io", "clusterrolebinding.rbac.authorization.k8s.io"}
-    )
+    # The Lease's Role in the release namespace is there in both modes.
+    expected |= {
+        "role.rbac.authorization.k8s.io",
+        "rolebinding.rbac.authorization.k8s.io",
+        "poddisruptionbudget.policy",
+    }
+    if mode == "cluster":
+        expected |= {"clusterrole.rbac.authorization.k8s.io", "clusterrolebinding.rbac.authorization.k8s.io"}
     assert kinds == expected, result.stdout
     assert "PodSecurity" not in result.stderr, result.stderr
 
@@ -192,9 +201,11 @@ def test_helm_install_cluster_mode_grants_exactly_the_operator_rules(
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == f"{name}-kubetrain"
 
     subject = f"system:serviceaccount:{namespace}:{name}-kubetrain"
-    # Exactly the operator's rules, in any namespace, nothing more.
-    for anywhere in [namespace, *extra_namespaces]:
+    # Exactly the operator's rules, in any namespace, nothing more; its Lease in its own only.
+    for anywhere in extra_namespaces:
         assert granted(control_plane, subject, anywhere) == as_grants(NAMESPACED_RULES + CLUSTER_ONLY_RULES)
+    assert granted(control_plane, subject, namespace) == as_grants(NAMESPACED_RULES + CLUSTER_ONLY_RULES + LEASE_RULES)
+    assert_lease_grants(control_plane, subject, namespace, f"{name}-kubetrain", extra_namespaces[0])
     # The same, request by request, as `kubectl auth can-i` answers them.
     for verb, resource in expected_requests(NAMESPACED_RULES):
         assert can_i(control_plane, subject, verb, resource, None), f"cannot {verb} {resource} cluster-wide"
@@ -226,12 +237,27 @@ def test_helm_install_namespaced_mode_is_confined_to_its_namespaces(
     subject = f"system:serviceaccount:{namespace}:{name}-kubetrain"
     assert granted(control_plane, subject, watched) == as_grants(NAMESPACED_RULES)
     assert granted(control_plane, subject, other) == {}
-    assert granted(control_plane, subject, namespace) == {}
+    assert granted(control_plane, subject, namespace) == as_grants(LEASE_RULES)
+    assert_lease_grants(control_plane, subject, namespace, f"{name}-kubetrain", watched)
     for verb, resource in expected_requests(NAMESPACED_RULES):
         assert can_i(control_plane, subject, verb, resource, watched), f"cannot {verb} {resource} in {watched}"
         assert not can_i(control_plane, subject, verb, resource, None), f"may {verb} {resource} cluster-wide"
     for verb, resource in [*DENIED, *expected_requests(CLUSTER_ONLY_RULES)]:
         assert not can_i(control_plane, subject, verb, resource, watched), f"may {verb} {resource} in {watched}"
+
+
+def assert_lease_grants(cp: ControlPlane, subject: str, namespace: str, lease: str, elsewhere: str) -> None:
+    """The release's Lease may be read, renewed and watched, any Lease created (RBAC cannot
+    name what a create makes); another Lease, or one elsewhere, not at all."""
+    resource = "leases.coordination.k8s.io"
+    for verb in ("get", "update", "watch"):
+        assert can_i(cp, subject, verb, resource, namespace, lease), f"cannot {verb} Lease {lease}"
+        assert not can_i(cp, subject, verb, resource, namespace, "kube-scheduler"), f"may {verb} another Lease"
+        assert not can_i(cp, subject, verb, resource, elsewhere, lease), f"may {verb} Leases in {elsewhere}"
+    assert can_i(cp, subject, "create", resource, namespace)
+    assert not can_i(cp, subject, "create", resource, elsewhere)
+    for verb in ("list", "delete", "patch"):
+        assert not can_i(cp, subject, verb, resource, namespace, lease), f"may {verb} Lease {lease}"
 
 
 def test_operator_runs_with_the_charts_env_and_service_account(
@@ -253,10 +279,13 @@ def test_operator_runs_with_the_charts_env_and_service_account(
     rendered = yaml.safe_load_all(template(control_plane, name, namespace, *values))
     deployment = next(doc for doc in rendered if doc and doc["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    env = {item["name"]: item["value"] for item in container["env"]}
-    health = metrics = free_port()
-    while metrics == health:  # each probe releases its port, so two in a row can be the same
-        metrics = free_port()
+    # The Downward API's part, as the kubelet would fill it in.
+    downward = {"metadata.namespace": namespace}
+    env = {
+        item["name"]: item["value"] if "value" in item else downward[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        for item in container["env"]
+    }
+    health, metrics = free_ports(2)
     env |= {"KUBETRAIN_HEALTH_PORT": str(health), "KUBETRAIN_METRICS_PORT": str(metrics)}
     kubeconfig = service_account_kubeconfig(control_plane, namespace, f"{name}-kubetrain", tmp_path / "sa.kubeconfig")
     log_path = tmp_path / "operator.log"
@@ -278,8 +307,14 @@ def test_operator_runs_with_the_charts_env_and_service_account(
                 assert operator.poll() is None, f"operator exited:\n{log_path.read_text()}"
                 return False
 
-        wait_for(lambda: get(f"{health}/healthz"), 60, "the operator's /healthz (the probes' path and port)")
-        assert get(f"{metrics}/metrics")
+        wait_for(lambda: get(f"{health}/readyz"), 60, "the operator's /readyz (the probes' path and port)")
+        assert get(f"{health}/healthz") and get(f"{metrics}/metrics")
+        # It leads on the chart's Lease, through the chart's Role.
+        holder = "jsonpath={.spec.holderIdentity}"
+        lease = ("get", "lease", f"{name}-kubetrain", "-n", namespace, "-o", holder)
+        wait_for(
+            lambda: control_plane.kubectl(*lease, check=False).stdout.strip(), 60, "the operator to take the Lease"
+        )
 
         with control_plane.api_client() as api:
             custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
@@ -306,7 +341,7 @@ def test_operator_runs_with_the_charts_env_and_service_account(
                 "an event on the TrainingJob",
             )
             core.delete_namespaced_pod(first[1].metadata.name, watched)
-            # A deleted pod is a disruption: the gang restarts without counting it (attempt, not restarts).
+            # A deleted pod is a disruption: the restart is not counted against maxRestarts.
             wait_for(lambda: status().get("attempt", 0) >= 1, 60, "a gang restart after a pod was deleted")
             old_uids = {pod.metadata.uid for pod in first}
 

@@ -3,14 +3,17 @@
 One body, two clusters (tests/support/providers.py, KUBETRAIN_E2E_PROVIDER): a real kubelet node
 on this machine (`node`, default) or kind (`kind`, run by tests/e2e/kind-e2e.sh).
 
-helm install the chart (operator Ready, /metrics and /healthz answer) -> a namespace that
+helm install the chart (a leader and a standby Ready; /metrics, /healthz and /readyz answer on
+both, `kubetrain_leader` 1 on the Lease's holder only) -> a namespace that
 enforces Pod Security `restricted` -> `kubectl apply -f examples/digits-cpu.yaml` -> Succeeded
 with accuracy >= 0.9, progress and lastCheckpoint from rank 0's real log, printer columns and
 Events -> a second, longer job whose node 1 pod is deleted mid-training: one gang restart,
 resumed from the checkpoint on its volume, Succeeded -> `kubetrain logs` (all nodes, --rank,
 -f across the attempt, --previous-attempt from the failed attempt's log archive) against the
-real kubelet. Every step that fails prints the operator's
-log, the job's events, rank 0's log and the provider's own story (support.diagnostics).
+real kubelet. A second test restarts the operator's Deployment (`kubectl rollout restart`) while
+a third job trains: it goes on, same pods, no restart, Succeeded. Every step that fails prints
+the operators' logs, the job's events, rank 0's log and the provider's own story
+(support.diagnostics).
 
 The CPU knob: digits-cpu asks `cpu: "1"` per node and a one-node cluster of 2 CPUs cannot also
 fit the operator's 100m, so the chart is installed with `--set resources.requests.cpu=0`
@@ -19,6 +22,7 @@ fit the operator's 100m, so the chart is installed with `--set resources.request
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -145,22 +149,34 @@ def install_operator(run: Scenario) -> None:
             "--for=condition=Ready", "--timeout=300s", timeout=320,
         )  # fmt: skip
         run.timings["helm install -> operator Ready s"] = time.monotonic() - start
-    with run.diagnose.step("operator /metrics and /healthz through the API server's pod proxy", job="digits-cpu"):
-        pod = run.kubectl(
+    with run.diagnose.step("the operators' /metrics, /healthz and /readyz through the pod proxy", job="digits-cpu"):
+        pods = run.kubectl(
             "get", "pods", "-n", OPERATOR_NS, "-l", f"app.kubernetes.io/instance={RELEASE}",
-            "-o", "jsonpath={.items[0].metadata.name}",
-        ).stdout  # fmt: skip
-        proxy = f"/api/v1/namespaces/{OPERATOR_NS}/pods/{pod}"
-        metrics = run.kubectl("get", "--raw", f"{proxy}:8000/proxy/metrics").stdout
-        assert "kubetrain_api_writes_total" in metrics and "kubetrain_reconcile_duration_seconds" in metrics, metrics[
-            :2000
-        ]
-        health = run.kubectl("get", "--raw", f"{proxy}:8080/proxy/healthz").stdout
-        assert health.strip(), "kopf's /healthz answered nothing"
+            "-o", "jsonpath={.items[*].metadata.name}",
+        ).stdout.split()  # fmt: skip
+        assert len(pods) == 2, pods  # the chart's default: a leader and a standby
+        leader = wait_for(lambda: lease_holder(run), 60, "an operator to take the Lease")
+        assert leader in pods, (leader, pods)
+        for pod in pods:
+            proxy = f"/api/v1/namespaces/{OPERATOR_NS}/pods/{pod}"
+            metrics = run.kubectl("get", "--raw", f"{proxy}:8000/proxy/metrics").stdout
+            assert f"kubetrain_leader {1.0 if pod == leader else 0.0}" in metrics, metrics[:2000]
+            assert "kubetrain_reconcile_duration_seconds" in metrics, metrics[:2000]
+            for probe in (":8080/proxy/healthz", ":8080/proxy/readyz"):
+                assert run.kubectl("get", "--raw", proxy + probe).stdout.strip() == "ok", probe
 
 
-def restricted_namespace(run: Scenario) -> None:
-    """The jobs' namespace enforces Pod Security `restricted`, and admission has seen it."""
+def lease_holder(run: Scenario) -> str:
+    """The pod holding the operator's Lease (its identity is `<pod name>_<random>`), or ""."""
+    holder = run.kubectl(
+        "get", "lease", RELEASE, "-n", OPERATOR_NS, "-o", "jsonpath={.spec.holderIdentity}", check=False
+    ).stdout  # fmt: skip
+    return holder.rpartition("_")[0]
+
+
+def restricted_namespace(run: Scenario, *volumes: str) -> None:
+    """The jobs' namespace enforces Pod Security `restricted`, and admission has seen it; a
+    volume for each PVC in `volumes`."""
     namespace = {
         "apiVersion": "v1",
         "kind": "Namespace",
@@ -173,13 +189,13 @@ def restricted_namespace(run: Scenario) -> None:
         return got.returncode != 0 and "violates PodSecurity" in got.stderr
 
     wait_for(enforced, 60, "Pod Security admission enforcing restricted in the jobs' namespace", interval=1)
-    run.cluster.volume("digits-cpu-checkpoints")
-    run.cluster.volume("digits-restart-checkpoints")
+    for volume in volumes:
+        run.cluster.volume(volume)
 
 
 def train_the_example(run: Scenario) -> None:
     with run.diagnose.step("restricted namespace, kubectl apply -f examples/digits-cpu.yaml", job="digits-cpu"):
-        restricted_namespace(run)
+        restricted_namespace(run, "digits-cpu-checkpoints", "digits-restart-checkpoints")
         applied = time.time()
         run.kubectl("apply", "-n", JOB_NS, "-f", str(DIGITS_CPU))
     with run.diagnose.step("digits-cpu Succeeded", job="digits-cpu"):
@@ -241,10 +257,16 @@ def _time(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def restart_and_resume(run: Scenario) -> None:
-    job = "digits-restart"
+def longer_example(job: str) -> str:
+    """digits-cpu renamed `job`, with RESTART_EPOCHS: time to act on it mid-training."""
     doc = DIGITS_CPU.read_text().replace("digits-cpu", job).replace("epochs: 12\n", f"epochs: {RESTART_EPOCHS}\n")
     assert f"epochs: {RESTART_EPOCHS}" in doc
+    return doc
+
+
+def restart_and_resume(run: Scenario) -> None:
+    job = "digits-restart"
+    doc = longer_example(job)
     with run.diagnose.step(f"{job}: a checkpoint, then node 1's pod deleted", job=job):
         run.kubectl("apply", "-n", JOB_NS, "-f", "-", input=doc)
 
@@ -280,8 +302,8 @@ def restart_and_resume(run: Scenario) -> None:
             "wait", "-n", JOB_NS, "--for=condition=Succeeded", f"trainingjob/{job}", "--timeout=120s", timeout=140
         )
         status = run.job(job)["status"]
-        # A deleted pod is a disruption: restarted, not counted against maxRestarts.
-        assert (status["restarts"], status["uncountedRestarts"], status["attempt"]) == (0, 1, 1), status
+        # A deleted pod is a disruption: its restart is counted apart from maxRestarts' budget.
+        assert (status["uncountedRestarts"], status["restarts"], status["attempt"]) == (1, 0, 1), status
         assert status["failures"][0]["reason"] == "PodDeleted", status["failures"]
         assert status["progress"]["percent"] == 100, status["progress"]
 
@@ -295,6 +317,121 @@ def check_previous_attempt(previous: subprocess.CompletedProcess[str]) -> None:
     lines = previous.stdout.splitlines()
     assert "[node-0]" in {line.split(" ", 1)[0] for line in lines} <= {"[node-0]", "[node-1]"}, previous
     assert len(lines) <= 2 * 50, "--previous-attempt shows the last 50 lines of each node"
+
+
+def test_a_rolling_restart_of_the_operator_leaves_training_alone(
+    e2e_cluster: Provider, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kubectl rollout restart` of the operator while a job trains (what `helm upgrade` does
+    too): every operator pod is replaced, the Lease handed from pod to pod, and the job goes on
+    with the same pods and no restart to Succeeded."""
+    run = Scenario(e2e_cluster)
+    job = "digits-rollout"
+    install_operator(run)
+    with run.diagnose.step(f"{job} training", job=job):
+        restricted_namespace(run, f"{job}-checkpoints")
+        run.kubectl("apply", "-n", JOB_NS, "-f", "-", input=longer_example(job))
+        stepping = f"rank 0 of {job} training"
+        wait_for(lambda: any(r["event"] == "step" for r in run.records(f"{job}-node-0")), 900, stepping, interval=1)
+        before = pod_states(run, job)
+        first_leader = lease_holder(run)
+    with run.diagnose.step("kubectl rollout restart of the operator while the job trains", job=job):
+        old_pods = set(operator_pods(run))
+        with LeaseHistory(e2e_cluster) as history:
+            started = time.monotonic()
+            run.kubectl("rollout", "restart", f"deployment/{RELEASE}", "-n", OPERATOR_NS)
+            run.kubectl(
+                "rollout", "status", f"deployment/{RELEASE}", "-n", OPERATOR_NS, "--timeout=600s", timeout=620
+            )  # fmt: skip
+            rollout = time.monotonic() - started
+            new_leader = wait_for(lambda: (h := lease_holder(run)) in operator_pods(run) and h, 60, "a new leader")
+        assert not set(operator_pods(run)) & old_pods and new_leader != first_leader
+        assert run.job(job)["status"].get("phase") == "Running", "the job finished before the rollout did"
+    with run.diagnose.step(f"{job} Succeeded with the same pods and no restart", job=job):
+        run.kubectl(
+            "wait", "-n", JOB_NS, "--for=condition=Succeeded", f"trainingjob/{job}", f"--timeout={WAIT}", timeout=960
+        )
+        status = run.job(job)["status"]
+        restarted = (status["restarts"], status.get("uncountedRestarts", 0), status["attempt"], status.get("failures"))
+        assert restarted == (0, 0, 0, None), status
+        after = pod_states(run, job)
+        assert {pod: uid for pod, (uid, _) in after.items()} == {pod: uid for pod, (uid, _) in before.items()}
+        assert all(restarts == 0 for _, restarts in after.values()), after
+    with capsys.disabled():
+        print(
+            f"\nrollout restart of the operator mid-training on {e2e_cluster.name}: rollout {rollout:.1f} s, "
+            f"leader changes {history.changes()}, longest leaderless handover {history.longest_gap():.2f} s; "
+            f"{job} Succeeded, 0 restarts"
+        )
+
+
+def operator_pods(run: Scenario) -> list[str]:
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+    names = run.kubectl("get", "pods", "-n", OPERATOR_NS, "-l", selector, "-o", "jsonpath={.items[*].metadata.name}")
+    return names.stdout.split()
+
+
+def pod_states(run: Scenario, job: str) -> dict[str, tuple[str, int]]:
+    """Each pod of `job`: its uid and its container's restart count."""
+    got = json.loads(
+        run.kubectl("get", "pods", "-n", JOB_NS, "-l", f"kubetrain.dev/job-name={job}", "-o", "json").stdout
+    )
+    return {
+        pod["metadata"]["name"]: (
+            pod["metadata"]["uid"],
+            sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or []),
+        )
+        for pod in got["items"]
+    }
+
+
+class LeaseHistory:
+    """Every version of the operator's Lease while it runs (a watch): how often the leader
+    changed, and the longest time between a leader giving the Lease back and the next taking it."""
+
+    def __init__(self, cluster: Provider) -> None:
+        from kubernetes import config
+
+        self.api = config.new_client_from_config(config_file=str(cluster.kubeconfig) if cluster.kubeconfig else None)
+        self.specs: list[dict[str, Any]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="lease-history", daemon=True)
+
+    def __enter__(self) -> LeaseHistory:
+        self.thread.start()
+        wait_for(lambda: self.specs, 30, "the Lease's first version")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.api.close()
+
+    def _watch(self) -> None:
+        from kubernetes import client, watch
+
+        leases = client.CoordinationV1Api(self.api)
+        while not self.stop.is_set():
+            stream = watch.Watch().stream(
+                leases.list_namespaced_lease, OPERATOR_NS, field_selector=f"metadata.name={RELEASE}", timeout_seconds=5
+            )
+            for event in stream:
+                spec = event["object"].spec
+                self.specs.append(
+                    {"holder": spec.holder_identity or "", "acquired": spec.acquire_time, "renewed": spec.renew_time}
+                )
+
+    def changes(self) -> int:
+        holders = [spec["holder"] for spec in self.specs if spec["holder"]]
+        return sum(1 for a, b in itertools.pairwise(holders) if a != b)
+
+    def longest_gap(self) -> float:
+        gaps = [
+            (taken["acquired"] - given["renewed"]).total_seconds()
+            for given, taken in itertools.pairwise(self.specs)
+            if not given["holder"] and taken["holder"]
+        ]
+        return max(gaps, default=0.0)
 
 
 # --- no step lost to a disruption (#24) -------------------------------------------------------

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import urllib3
 from kubernetes import client
 from support.controlplane import ControlPlane
 from support.kubelet import FakeKubelet
@@ -30,7 +31,7 @@ def kubelet(kube_api: Any, namespace: str) -> Iterator[FakeKubelet]:
         while not stop.wait(0.1):
             try:
                 kubelet.confirm_deletions(namespace)
-            except client.ApiException:
+            except (client.ApiException, urllib3.exceptions.HTTPError):  # refused; the API server away
                 continue
 
     thread = threading.Thread(target=confirm, name="confirm-deletions", daemon=True)

@@ -21,8 +21,8 @@ from kubetrain.operator.controller import LAST_APPLIED, Controller, JobState
 from kubetrain.operator.kube import ApiError, Refused
 from kubetrain.operator.pods import PodView
 from kubetrain.operator.refusal import BLOCKED
-from kubetrain.operator.render import RenderSettings, render_pod
-from kubetrain.operator.settings import OperatorSettings
+from kubetrain.operator.render import render_pod
+from kubetrain.operator.settings import OperatorSettings, RenderSettings
 
 pytestmark = pytest.mark.unit
 
@@ -185,6 +185,7 @@ def test_the_held_job_drops_managed_fields_and_the_last_applied_copy() -> None:
     kube.returns_managed_fields = True
 
     async def seen_and_reconciled() -> None:
+        controller.lead()
         controller.job_seen(body)
         await asyncio.gather(*controller.queue.tasks)
 

@@ -17,7 +17,7 @@ from support import controlplane
 from support.controlplane import ControlPlane
 from support.kubelet import FakeKubelet, schedulable_node
 from support.objects import Cluster, condition, has_condition, release_pods
-from support.operator_process import OperatorProcess
+from support.operator_process import OperatorProcess, running_operator
 from support.tools import control_plane
 from support.waiting import wait_for
 
@@ -72,11 +72,8 @@ def cluster(gang_plane: ControlPlane, api: Any) -> Iterator[Cluster]:
 
 @pytest.fixture
 def operator(gang_plane: ControlPlane, cluster: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:
-    proc = OperatorProcess(gang_plane.kubeconfig, tmp_path / "operator.log", namespaces=cluster.namespace)
-    proc.start()
-    yield proc
-    proc.stop()
-    assert "Traceback" not in proc.log(), proc.log()[-5000:]
+    with running_operator(gang_plane.kubeconfig, tmp_path / "operator.log", cluster.namespace) as proc:
+        yield proc
 
 
 def bound(cluster: Cluster, job: str) -> list[str]:

@@ -15,7 +15,8 @@ from support.pods import T0, pod_view
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
 from kubetrain.operator import kueue
 from kubetrain.operator.decision import Hold
-from kubetrain.operator.render import RenderSettings, render_pod
+from kubetrain.operator.render import render_pod
+from kubetrain.operator.settings import RenderSettings
 from kubetrain.operator.status import decide, get_condition
 
 pytestmark = pytest.mark.unit

@@ -17,8 +17,8 @@ from support import kueue as kueue_support
 from support.controlplane import ControlPlane, Unavailable
 from support.kubelet import FakeKubelet
 from support.objects import Cluster, condition, has_condition
-from support.operator_process import OperatorProcess
-from support.tools import RELEASE_NAMESPACE, ROOT, chart_identity, missing_tool, rbac_refusals
+from support.operator_process import OperatorProcess, running_operator
+from support.tools import RELEASE_NAMESPACE, ROOT, chart_identity, missing_tool
 from support.waiting import wait_for
 
 from kubetrain.api import naming
@@ -60,12 +60,8 @@ def operator(crds_installed: ControlPlane, tmp_path_factory: pytest.TempPathFact
     workdir = tmp_path_factory.mktemp("operator")
     crds_installed.kubectl("create", "namespace", RELEASE_NAMESPACE)
     kubeconfig = chart_identity(crds_installed, RELEASE_NAMESPACE, workdir / "sa.kubeconfig")
-    proc = OperatorProcess(kubeconfig, workdir / "operator.log", namespaces="", log_level="debug").start()
-    yield proc
-    proc.stop()
-    log = proc.log()
-    assert not rbac_refusals(log), "\n".join(rbac_refusals(log))
-    assert "Traceback" not in log, log[-5000:]
+    with running_operator(kubeconfig, workdir / "operator.log", log_level="debug") as proc:
+        yield proc
 
 
 class KueueObjects:

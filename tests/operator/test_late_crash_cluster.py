@@ -18,7 +18,7 @@ from support.controlplane import ControlPlane
 from support.kubelet import FakeKubelet
 from support.kubelet_logs import KubeletLogs
 from support.objects import Cluster, condition, has_condition
-from support.operator_process import OperatorProcess
+from support.operator_process import OperatorProcess, running_operator
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -28,11 +28,8 @@ pytestmark = pytest.mark.cluster
 def slow_progress(crds_installed: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
     """The operator, reading rank 0's log at most every 600 s on its own."""
     log = tmp_path / "operator.log"
-    proc = OperatorProcess(crds_installed.kubeconfig, log, namespaces=namespace, progress_interval=600)
-    proc.start()
-    yield proc
-    proc.stop()
-    assert "Traceback" not in proc.log(), proc.log()[-5000:]
+    with running_operator(crds_installed.kubeconfig, log, namespace, progress_interval=600) as proc:
+        yield proc
 
 
 def record(event: str, step: int, **fields: Any) -> str:

@@ -1,6 +1,6 @@
-"""The operator's log holds what it did, not every liveness probe: kopf's /healthz is an
-aiohttp server whose access log (one line per request at INFO) filled a real node's operator
-log with the kubelet's probes every few seconds. Debug level keeps them."""
+"""The operator's log holds what it did, not every probe: the probes' aiohttp server logs one
+access line per request at INFO, which filled a real node's operator log with the kubelet's
+probes every few seconds. Debug level keeps them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from support.controlplane import ControlPlane
-from support.operator_process import OperatorProcess
+from support.operator_process import running_operator
 
 pytestmark = pytest.mark.cluster
 
@@ -17,10 +17,7 @@ pytestmark = pytest.mark.cluster
 def test_probes_are_not_logged_below_debug(
     crds_installed: ControlPlane, namespace: str, tmp_path: Path, level: str, logged: bool
 ) -> None:
-    proc = OperatorProcess(crds_installed.kubeconfig, tmp_path / "operator.log", namespaces=namespace, log_level=level)
-    proc.start()  # waits until /healthz answers: at least one probe was served
-    try:
-        assert proc.healthy()
-    finally:
-        proc.stop()
-    assert ("GET /healthz" in proc.log()) is logged, proc.log()[-3000:]
+    with running_operator(crds_installed.kubeconfig, tmp_path / "operator.log", namespace, log_level=level) as proc:
+        assert proc.healthy() and proc.ready()  # /readyz answered before too: probes were served
+    log = proc.log()
+    assert ("GET /healthz" in log and "GET /readyz" in log) is logged, log[-3000:]

@@ -11,7 +11,8 @@ from kubetrain.api import naming
 from kubetrain.api.contract import DEFAULT_COMMAND, RESERVED_ENV
 from kubetrain.api.models import TrainingJob
 from kubetrain.api.training import TrainConfig
-from kubetrain.operator.render import RenderSettings, render_pod, render_pods, render_service
+from kubetrain.operator.render import render_pod, render_pods, render_service
+from kubetrain.operator.settings import RenderSettings
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,8 @@ from support.objects import Cluster, condition, has_condition
 from support.operator_process import OperatorProcess
 
 from kubetrain.api.models import TrainingJob
-from kubetrain.operator.render import RenderSettings, render_pod
+from kubetrain.operator.render import render_pod
+from kubetrain.operator.settings import RenderSettings
 
 pytestmark = pytest.mark.cluster
 

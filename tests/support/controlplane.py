@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import re
 import shutil
@@ -206,6 +207,8 @@ class ControlPlane:
     kubeconfig: Path
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    argv: dict[str, list[str]] = field(default_factory=dict)  # how each process was started
+    etcd: str = ""  # etcd's client URL
 
     @property
     def logs(self) -> Path:
@@ -250,7 +253,8 @@ class ControlPlane:
 
     # --- lifecycle -----------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        log = (self.logs / f"{name}.log").open("wb")
+        self.argv[name] = argv
+        log = (self.logs / f"{name}.log").open("ab")
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -278,6 +282,42 @@ class ControlPlane:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what} not ready after {timeout:.0f} s")
             time.sleep(0.1)
+
+    # --- faults (tests/operator/test_faults_cluster.py) ----------------------------------------
+    def kill(self, name: str) -> None:
+        """SIGKILL one process of the control plane (as a crash or an OOM kill would)."""
+        proc = self.processes.pop(name)
+        proc.kill()
+        proc.wait(10)
+
+    def restart(self, name: str, timeout: float = 60) -> None:
+        """Start a killed process again with its first command line (same ports, same data).
+        For the apiserver, return once /readyz answers, and restart the controller-manager
+        after it: a just-restarted apiserver refuses its requests (403) for a moment while its
+        RBAC cache fills, and its informers then back off for up to 30 s, which would leave
+        new namespaces without their `default` ServiceAccount for the next test."""
+        if name in self.processes:
+            raise RuntimeError(f"{name} is running")
+        self._spawn(name, self.argv[name])
+        if name == "kube-apiserver":
+            self._wait("kube-apiserver (/readyz) after a restart", _readyz(self.server, self.workdir / "pki"), timeout)
+            self.kill("kube-controller-manager")
+            self._spawn("kube-controller-manager", self.argv["kube-controller-manager"])
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision (what the apiserver does every
+        5 minutes): a watch from an older resourceVersion is then refused with 410 Gone once it
+        reaches etcd. The revision compacted to."""
+
+        def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+            request = urllib.request.Request(f"{self.etcd}{path}", json.dumps(body).encode(), method="POST")
+            with urllib.request.urlopen(request, timeout=10) as response:
+                answer: dict[str, Any] = json.loads(response.read())
+            return answer
+
+        revision = int(post("/v3/kv/range", {"key": "AA=="})["header"]["revision"])  # key "\0": any
+        post("/v3/kv/compaction", {"revision": revision, "physical": True})
+        return revision
 
     def describe_failure(self, tail_lines: int = 25) -> str:
         """The last lines of each process's log, for an error message."""
@@ -362,6 +402,7 @@ def start(
     etcd_port, peer_port, api_port, kcm_port = free_ports(4)
     server = f"https://127.0.0.1:{api_port}"
     cp = ControlPlane(workdir=workdir, bin_dir=bin_dir, server=server, kubeconfig=workdir / "admin.kubeconfig")
+    cp.etcd = f"http://127.0.0.1:{etcd_port}"
     write_kubeconfig(cp.kubeconfig, server, pki, "admin")
     write_kubeconfig(workdir / "controller-manager.kubeconfig", server, pki, "controller-manager")
     write_kubeconfig(workdir / "scheduler.kubeconfig", server, pki, "scheduler")

@@ -88,10 +88,17 @@ def _safely(read: Callable[[], str]) -> str:
 
 
 def deployment_log(kubectl: Kubectl, namespace: str, deployment: str) -> Callable[[int], str]:
-    """The operator's log when it runs in the cluster (the chart's Deployment)."""
+    """The operator's log when it runs in the cluster (the chart's Deployment): every replica's,
+    each line prefixed with its pod (`kubectl logs deployment/...` shows one pod's, which may be
+    the standby's)."""
 
     def tail(lines: int) -> str:
-        got = kubectl("logs", "-n", namespace, f"deployment/{deployment}", f"--tail={lines}", check=False)
+        labels = kubectl("get", "deployment", deployment, "-n", namespace, "-o", "json", check=False)
+        if labels.returncode != 0:
+            return labels.stderr
+        selector = json.loads(labels.stdout)["spec"]["selector"]["matchLabels"]
+        pods = ",".join(f"{key}={value}" for key, value in selector.items())
+        got = kubectl("logs", "-n", namespace, "-l", pods, "--prefix", f"--tail={lines}", check=False)
         return got.stdout if got.returncode == 0 else got.stderr
 
     return tail

@@ -1,5 +1,5 @@
 """Helpers of the operator's control-plane tests: small readers and writers of the server's
-objects (the operator itself runs as tests/cluster/operator_process.OperatorProcess)."""
+objects (the operator itself runs as tests/support/operator_process.OperatorProcess)."""
 
 from __future__ import annotations
 

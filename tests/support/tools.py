@@ -42,6 +42,10 @@ NAMESPACED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("kueue.x-k8s.io", "workloads", ("get", "list", "watch", "create", "update")),
     ("kueue.x-k8s.io", "workloads/status", ("update",)),
 ]
+# Leader election: in the release namespace only, and but for `create` only on the release's Lease.
+LEASE_RULES: list[tuple[str, str, tuple[str, ...]]] = [
+    ("coordination.k8s.io", "leases", ("create", "get", "update", "watch")),
+]
 CLUSTER_ONLY_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
     ("kueue.x-k8s.io", "resourceflavors", ("get",)),
@@ -121,26 +125,21 @@ def which(name: str) -> str | None:
 
 
 def chart_identity(cp: ControlPlane, namespace: str, kubeconfig: Path) -> Path:
-    """The chart's ServiceAccount and cluster-mode ClusterRole(Binding) applied with `namespace`
-    as the release namespace (cluster-scoped names suffixed with it: the control plane outlives
-    the test), and `kubeconfig` written with that account's token."""
+    """The chart's ServiceAccount, cluster-mode ClusterRole(Binding) and leader-election
+    Role(Binding) applied with `namespace` as the release namespace (cluster-scoped names
+    suffixed with it: the control plane outlives the test), and `kubeconfig` written with that
+    account's token. The Lease it may take is `namespace`/rbac-kubetrain."""
     if find_tool("helm") is None:
         missing_tool("helm not installed (tests/cluster/install.sh)")
     rendered = cp.helm("template", "rbac", str(CHART), "--namespace", namespace).stdout
-    kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+    kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
     docs = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in kinds]
     assert sorted(d["kind"] for d in docs) == sorted(kinds)
     for doc in docs:
-        if doc["kind"] != "ServiceAccount":
+        if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
             doc["metadata"]["name"] += "-" + namespace
         if doc["kind"] == "ClusterRoleBinding":
             doc["roleRef"]["name"] += "-" + namespace
     cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
     account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
     return service_account_kubeconfig(cp, namespace, account, kubeconfig)
-
-
-def rbac_refusals(log: str) -> list[str]:
-    """An authorization refusal reads 'is forbidden: User "..." cannot <verb> resource ...'.
-    (Other 403s, such as jobs left in namespaces being deleted by earlier tests, are not RBAC.)"""
-    return [line for line in log.splitlines() if "forbidden: User" in line or "cannot list" in line]

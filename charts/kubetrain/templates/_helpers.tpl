@@ -59,25 +59,41 @@ app.kubernetes.io/component: operator
 
 {{/*
 The operator's configuration, passed as the environment variables that `kubetrain operator` reads
-(operator/cli.py: each flag has a KUBETRAIN_* envvar).
+(cli/main.py: each flag has a KUBETRAIN_* envvar). What the chart itself needs to know (the
+namespaces its RBAC covers, the ports its probes and Service use, whether to elect a leader and
+on which Lease) is always passed; the operator's tunables only when set (values.yaml, `operator`).
 */}}
 {{- define "kubetrain.operatorEnv" -}}
 - name: KUBETRAIN_WATCH_NAMESPACES
   value: {{ join "," .Values.operator.watchNamespaces | quote }}
-- name: KUBETRAIN_TRAINER_IMAGE
-  value: {{ .Values.operator.trainerImage | quote }}
-- name: KUBETRAIN_CLUSTER_DOMAIN
-  value: {{ .Values.operator.clusterDomain | quote }}
-- name: KUBETRAIN_LOG_LEVEL
-  value: {{ .Values.operator.logLevel | quote }}
-- name: KUBETRAIN_LOG_FORMAT
-  value: {{ .Values.operator.logFormat | quote }}
-- name: KUBETRAIN_STUCK_TIMEOUT_SECONDS
-  value: {{ .Values.operator.stuckTimeoutSeconds | quote }}
-- name: KUBETRAIN_PROGRESS_INTERVAL_SECONDS
-  value: {{ .Values.operator.progressIntervalSeconds | quote }}
 - name: KUBETRAIN_METRICS_PORT
   value: {{ ternary (toString .Values.metrics.port) "0" .Values.metrics.enabled | quote }}
 - name: KUBETRAIN_HEALTH_PORT
   value: {{ .Values.health.port | quote }}
+- name: KUBETRAIN_LEADER_ELECT
+  value: {{ .Values.leaderElection.enabled | quote }}
+{{- if .Values.leaderElection.enabled }}
+- name: KUBETRAIN_LEASE_NAME
+  value: {{ include "kubetrain.fullname" . | quote }}
+- name: KUBETRAIN_LEASE_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- end }}
+{{- range $name, $value := dict
+    "KUBETRAIN_TRAINER_IMAGE" .Values.operator.trainerImage
+    "KUBETRAIN_CLUSTER_DOMAIN" .Values.operator.clusterDomain
+    "KUBETRAIN_LOG_LEVEL" .Values.operator.logLevel
+    "KUBETRAIN_LOG_FORMAT" .Values.operator.logFormat
+    "KUBETRAIN_STUCK_TIMEOUT_SECONDS" .Values.operator.stuckTimeoutSeconds
+    "KUBETRAIN_PROGRESS_INTERVAL_SECONDS" .Values.operator.progressIntervalSeconds
+    "KUBETRAIN_LEASE_DURATION_SECONDS" .Values.leaderElection.leaseDurationSeconds
+    "KUBETRAIN_LEASE_RENEW_DEADLINE_SECONDS" .Values.leaderElection.renewDeadlineSeconds
+    "KUBETRAIN_LEASE_RETRY_PERIOD_SECONDS" .Values.leaderElection.retryPeriodSeconds
+}}
+{{- if not (kindIs "invalid" $value) }}
+- name: {{ $name }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- end }}
 {{- end }}
