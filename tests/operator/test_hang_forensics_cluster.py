@@ -5,6 +5,8 @@ rank 1 of a script of its own blocks outside any collective at step 5, once."""
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,20 @@ def test_the_stalled_failure_names_rank_1_and_its_line(
     assert events and f"{SCRIPT}:{HANG_LINE} in block_forever" in events[0], events
     for rank, text in logs.items():
         assert "Timeout (0:00:30)!" in text, f"node {rank} wrote no stacks"
+    # The stalled attempt's pods are gone; `kubetrain logs --attempt 0` reads every rank's stacks
+    # from the attempt's log archive (operator/archive.py).
+    kept = logs_of(crds_installed, ns, "hang", "--attempt", "0")
+    assert kept.returncode == 0, kept.stderr
+    for rank in range(3):
+        mine = [line for line in kept.stdout.splitlines() if line.startswith(f"[node-{rank}] ")]
+        assert any("Timeout (0:00:30)!" in line for line in mine), f"node {rank}'s archived log holds no stacks"
+    assert any(
+        line.startswith("[node-1] ") and f'{SCRIPT}", line {HANG_LINE}' in line for line in kept.stdout.splitlines()
+    ), "node 1's archived stacks show where it hung"
+
+
+def logs_of(cp: ControlPlane, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`kubetrain logs` as a user runs it."""
+    kubetrain = Path(sys.executable).with_name("kubetrain")
+    command = [str(kubetrain), "logs", *args, "-n", namespace, "--kubeconfig", str(cp.kubeconfig)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
