@@ -11,8 +11,8 @@ import os
 
 
 def ddp_setup():
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    init_process_group(backend="nccl")
+    pass  # kubetrain CPU run, was: torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    init_process_group(backend="gloo")  # kubetrain CPU run, was: backend="nccl"
 
 class Trainer:
     def __init__(
@@ -25,7 +25,7 @@ class Trainer:
     ) -> None:
         self.local_rank = int(os.environ["LOCAL_RANK"])
         self.global_rank = int(os.environ["RANK"])
-        self.model = model.to(self.local_rank)
+        self.model = model.to("cpu")  # kubetrain CPU run, was: .to(self.local_rank)
         self.train_data = train_data
         self.optimizer = optimizer
         self.save_every = save_every
@@ -35,10 +35,10 @@ class Trainer:
             print("Loading snapshot")
             self._load_snapshot(snapshot_path)
 
-        self.model = DDP(self.model, device_ids=[self.local_rank])
+        self.model = DDP(self.model)  # kubetrain CPU run, was: device_ids=[self.local_rank]
 
     def _load_snapshot(self, snapshot_path):
-        loc = f"cuda:{self.local_rank}"
+        loc = "cpu"  # kubetrain CPU run, was: f"cuda:{self.local_rank}"
         snapshot = torch.load(snapshot_path, map_location=loc)
         self.model.load_state_dict(snapshot["MODEL_STATE"])
         self.epochs_run = snapshot["EPOCHS_RUN"]
@@ -56,8 +56,8 @@ class Trainer:
         print(f"[GPU{self.global_rank}] Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}")
         self.train_data.sampler.set_epoch(epoch)
         for source, targets in self.train_data:
-            source = source.to(self.local_rank)
-            targets = targets.to(self.local_rank)
+            source = source.to("cpu")  # kubetrain CPU run, was: .to(self.local_rank)
+            targets = targets.to("cpu")  # kubetrain CPU run, was: .to(self.local_rank)
             self._run_batch(source, targets)
 
     def _save_snapshot(self, epoch):
