@@ -11,9 +11,7 @@ resumed from the checkpoint on its volume, Succeeded -> `kubetrain logs` (all no
 -f, --previous-attempt) against the real kubelet. Every step that fails prints the operator's
 log, the job's events, rank 0's log and the provider's own story (support.diagnostics).
 
-The CPU knob: digits-cpu asks `cpu: "1"` per node and a one-node cluster of 2 CPUs cannot also
-fit the operator's 100m, so the chart is installed with `--set resources.requests.cpu=0`
-(README, "End to end").
+The chart is installed by support.release (its CPU knob: `--set resources.requests.cpu=0`).
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support import release
 from support.controlplane import Unavailable
 from support.diagnostics import Diagnostics, deployment_log
 from support.jobs import DIGITS_CPU
@@ -41,9 +40,8 @@ from kubetrain.api.records import records_in
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60 * 60)]
 
-RELEASE = OPERATOR_NS = "kubetrain"
+RELEASE, OPERATOR_NS, TRAINER_IMAGE = release.RELEASE, release.OPERATOR_NAMESPACE, release.TRAINER_IMAGE
 JOB_NS = "e2e"
-TRAINER_IMAGE = "kubetrain/trainer:0.1.0-cpu"
 WAIT = "900s"  # per job: the machine is loaded, torch imports slowly
 RESTART_EPOCHS = 100  # ~8x the example's steps (~4 min here): time to delete a pod mid-training
 KUBETRAIN = Path(sys.executable).with_name("kubetrain")
@@ -126,21 +124,7 @@ def test_the_user_path_end_to_end(e2e_cluster: Provider, capsys: pytest.CaptureF
 def install_operator(run: Scenario) -> None:
     with run.diagnose.step("helm install, operator Ready", job="digits-cpu"):
         start = time.monotonic()
-        run.cluster.helm(
-            "upgrade", "--install", RELEASE, str(ROOT / "charts" / "kubetrain"),
-            "--namespace", OPERATOR_NS, "--create-namespace",
-            "--set", f"fullnameOverride={RELEASE}",
-            "--set", "image.pullPolicy=Never",
-            "--set", f"operator.trainerImage={TRAINER_IMAGE}",
-            "--set", "operator.progressIntervalSeconds=5",
-            "--set", "resources.requests.cpu=0",  # the CPU knob (module docstring)
-            "--wait", "--timeout", "10m",
-            timeout=660,
-        )  # fmt: skip
-        run.kubectl(
-            "wait", "-n", OPERATOR_NS, "pod", "-l", f"app.kubernetes.io/instance={RELEASE}",
-            "--for=condition=Ready", "--timeout=300s", timeout=320,
-        )  # fmt: skip
+        release.install_operator(run.cluster)
         run.timings["helm install -> operator Ready s"] = time.monotonic() - start
     with run.diagnose.step("operator /metrics and /healthz through the API server's pod proxy", job="digits-cpu"):
         pod = run.kubectl(
