@@ -247,7 +247,7 @@ def judge(doc: dict[str, Any], pods: list[dict[str, Any]], texts: dict[str, str]
         and not markers["terminate_called"]
         and not markers["exit_barrier"]
     )
-    if not found["clean"] or markers["traceback"]:
+    if not found["clean"]:
         found["log_tails"] = {log: text[-3000:] for log, text in texts.items()}
     return found
 
