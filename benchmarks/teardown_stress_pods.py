@@ -308,14 +308,24 @@ def main() -> None:
     parser.add_argument("--load", type=int, default=os.cpu_count() or 1, help="busy-loop processes (default: cores)")
     parser.add_argument("--output", type=Path, default=RESULT, help="result JSON (default: %(default)s)")
     parser.add_argument("--keep", type=Path, help="keep the pods' logs here (default: a temporary dir)")
+    parser.add_argument(
+        "--archives",
+        nargs=2,
+        type=Path,
+        metavar=("OPERATOR", "TRAINER"),
+        help="image archives to load (default: those tests/cluster/build-images.sh built for these sources)",
+    )
     args = parser.parse_args()
     reason = real.missing()
     if reason:
         sys.exit(f"no real node here: {reason}")
-    try:
-        archives = images.archives()
-    except Unavailable as missing:
-        sys.exit(str(missing))
+    if args.archives:
+        archives = dict(zip((images.OPERATOR_REF, images.TRAINER_REF), args.archives, strict=True))
+    else:
+        try:
+            archives = images.archives()
+        except Unavailable as missing:
+            sys.exit(str(missing))
     load_before = os.getloadavg()
     start = time.monotonic()
     jobs: list[dict[str, Any]] = []
@@ -346,7 +356,7 @@ def main() -> None:
             "jobs": args.jobs,
             "busy_loops": args.load,
             "trainer_image": release.TRAINER_IMAGE,
-            "trainer_image_archive": str(archives[images.TRAINER_REF]),
+            "image_archives": {ref: str(path) for ref, path in archives.items()},
             "trainer_torch": torch_version,
             "epochs": EPOCHS,
             "checkpoint_every_steps": CHECKPOINT_EVERY,
