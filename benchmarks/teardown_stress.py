@@ -387,9 +387,14 @@ def main() -> None:
         "by_workload": {name: totals([r for r in runs if r["workload"] == name]) for name in names},
         "runs": runs,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report["by_workload"], indent=2))
+    write_report(args.output, report, "by_workload")
+
+
+def write_report(output: Path, report: dict[str, Any], shown: str) -> None:
+    """The result JSON, and its `shown` part on stdout."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report[shown], indent=2))
 
 
 def _torch_version() -> str:

@@ -50,7 +50,7 @@ from support import node as real  # noqa: E402
 from support.controlplane import Unavailable, find_tool  # noqa: E402
 from support.providers import NodeProvider  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
-from teardown_stress import MARKERS, busy_load  # noqa: E402
+from teardown_stress import MARKERS, busy_load, write_report  # noqa: E402
 
 from kubetrain.api import naming  # noqa: E402
 from kubetrain.api.records import records_in  # noqa: E402
@@ -367,9 +367,7 @@ def main() -> None:
         "totals": totals(jobs),
         "jobs": jobs,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report["totals"], indent=2))
+    write_report(args.output, report, "totals")
 
 
 if __name__ == "__main__":

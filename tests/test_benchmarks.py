@@ -4,30 +4,13 @@ themselves are not checked: speed targets live in the benchmarks' own results.""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from support.benchmarks import run_benchmark
 from support.controlplane import ControlPlane, cache_dir, pinned
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_benchmark(script: str, output: Path, *args: str, timeout: float = 600) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), *args, "--output", str(output)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert done.returncode == 0, f"{script} exited {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    result: dict[str, Any] = json.loads(output.read_text())
-    return result
 
 
 @pytest.mark.cluster

@@ -6,14 +6,12 @@ was deleted, and no "terminate called" or "exit barrier" line in any pod's log."
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from support import images, nodepods
+from support.benchmarks import run_benchmark
 from support.controlplane import Unavailable
 from support.tools import missing_tool
 
@@ -27,17 +25,8 @@ def test_teardown_stress_in_real_pods_runs_and_ends_clean(tmp_path: Path) -> Non
         images.archives()
     except Unavailable as missing:
         missing_tool(str(missing))
-    output = tmp_path / "pods.json"
-    script = ROOT / "benchmarks" / "teardown_stress_pods.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--jobs", "2", "--load", "1", "--output", str(output), "--keep", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=3000,
-        check=False,
-    )
-    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    result = json.loads(output.read_text())
+    options = ("--jobs", "2", "--load", "1", "--keep", str(tmp_path))
+    result = run_benchmark("teardown_stress_pods.py", tmp_path / "pods.json", *options, timeout=3000)
     plain, interrupted = result["jobs"]
     assert (plain["interrupted"], interrupted["interrupted"]) == (False, True)
     assert "deleted_after_s" in interrupted and "deleted_after_s" not in plain

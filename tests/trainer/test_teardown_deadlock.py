@@ -14,13 +14,12 @@ all-reduce while it is in flight, then tear down.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.benchmarks import run_benchmark
 from support.controlplane import cache_dir
 
 pytestmark = [pytest.mark.unit, pytest.mark.slow]
@@ -30,16 +29,9 @@ OLD_TORCH = cache_dir() / "venv-torch-2.7.1" / "bin" / "python"
 
 def trials(python: Path | str, teardowns: str, output: Path) -> dict[str, dict[str, Any]]:
     """One trial of each teardown; variant name -> its summary and trials."""
-    options = ["--python", str(python), "--teardowns", teardowns, "--trials", "1", "--output", str(output)]
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "teardown_deadlock.py"), *options],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        check=False,
-    )
-    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return {v["teardown"]: v for v in json.loads(output.read_text())["variants"]}
+    options = ("--python", str(python), "--teardowns", teardowns, "--trials", "1")
+    result = run_benchmark("teardown_deadlock.py", output, *options, timeout=1500)
+    return {v["teardown"]: v for v in result["variants"]}
 
 
 def test_shipped_torch_returns_from_destroy_and_from_the_trainers_exit(tmp_path: Path) -> None:
