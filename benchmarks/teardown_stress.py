@@ -1,7 +1,7 @@
 """Teardown under load: consecutive 2-node `kubetrain run --local` runs with every core busy.
 
     .venv/bin/python benchmarks/teardown_stress.py [--runs 12] [--load N] [--workloads builtin,nanogpt,...]
-                                                   [--no-hooks] [--output FILE] [--keep DIR]
+                                                   [--hooks on|off|alternate] [--output FILE] [--keep DIR]
 
 A finished run must look finished: one attempt, every node exiting 0, and no crash text in
 any node's log. Teardown races (a rank aborting at exit, torchrun's exit barrier losing its
@@ -22,9 +22,11 @@ The last three are other people's scripts, vendored under benchmarks/third_party
 their CUDA lines made CPU (its README lists every changed line): a fix that needs a user to
 change their script would show here.
 
-`--no-hooks` runs the same jobs without kubetrain's torchrun hooks (trainer/torchrun_hooks.py):
-the runner's PYTHONPATH entry that loads them (local/site/) is swapped for an empty folder,
-inside this benchmark only. Each run records which it got, read back from the run's own
+`--hooks off` (or `--no-hooks`) runs the same jobs without kubetrain's torchrun hooks
+(trainer/torchrun_hooks.py): the runner's PYTHONPATH entry that loads them (local/site/) is
+swapped for an empty folder, inside this benchmark only. `--hooks alternate` runs each job both
+ways back to back (in turn hooks first and last), so that a comparison is not a comparison of two
+stretches of the machine's load. Each run records which it got, read back from the run's own
 local-rewrites.json, so a result cannot claim a mode it did not run.
 
 Counted per run, from the run directory: outcome and reason, restarts (summary.json), node exit
@@ -342,7 +344,13 @@ def main() -> None:
     parser.add_argument(
         "--workloads", default=",".join(WORKLOADS), help="comma-separated, interleaved (default: %(default)s)"
     )
-    parser.add_argument("--no-hooks", action="store_true", help="run the nodes without kubetrain's torchrun hooks")
+    parser.add_argument(
+        "--hooks",
+        choices=("on", "off", "alternate"),
+        default="on",
+        help="kubetrain's torchrun hooks on the nodes: on, off, or each job both ways (default: %(default)s)",
+    )
+    parser.add_argument("--no-hooks", dest="hooks", action="store_const", const="off", help="--hooks off")
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds per run (default: %(default)s)")
     parser.add_argument("--output", type=Path, default=RESULT, help="result JSON (default: %(default)s)")
     parser.add_argument("--keep", type=Path, help="keep the run directories here (default: a temporary dir)")
@@ -358,9 +366,8 @@ def main() -> None:
         scratch = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="teardown-stress-")))
         scratch.mkdir(parents=True, exist_ok=True)
         stack.enter_context(busy_load(args.load))
-        for index in range(args.runs * len(names)):
-            workload = WORKLOADS[names[index % len(names)]]
-            result = one_run(index, workload, scratch, hooks=not args.no_hooks, timeout_s=args.timeout)
+        for index, (name, hooks) in enumerate(schedule(names, args.runs, args.hooks)):
+            result = one_run(index, WORKLOADS[name], scratch, hooks=hooks, timeout_s=args.timeout)
             runs.append(result)
             brief = {k: v for k, v in result.items() if k not in ("log_tails", "stderr_tail", "stacks_at_timeout")}
             print(json.dumps(brief), flush=True)
@@ -379,15 +386,32 @@ def main() -> None:
             "runs_per_workload": args.runs,
             "busy_loops": args.load,
             "workloads": names,
-            "hooks": not args.no_hooks,
+            "hooks": {"on": True, "off": False}.get(args.hooks, args.hooks),
             "timeout_s": args.timeout,
         },
         "wall_s": round(time.monotonic() - start, 1),
         "totals": totals(runs),
-        "by_workload": {name: totals([r for r in runs if r["workload"] == name]) for name in names},
+        "by_workload": {
+            label(name, hooks, args.hooks): totals([r for r in runs if r["workload"] == name and r["hooks"] is hooks])
+            for name in names
+            for hooks in ((True, False) if args.hooks == "alternate" else (args.hooks == "on",))
+        },
         "runs": runs,
     }
     write_report(args.output, report, "by_workload")
+
+
+def schedule(names: list[str], runs: int, hooks: str) -> list[tuple[str, bool]]:
+    """(workload, hooks) per run: the workloads interleaved; with `alternate` each one twice in a
+    row, hooks first in every other round."""
+    if hooks != "alternate":
+        return [(name, hooks == "on") for _ in range(runs) for name in names]
+    order = [(True, False), (False, True)]
+    return [(name, on) for r in range(runs) for i, name in enumerate(names) for on in order[(r + i) % 2]]
+
+
+def label(name: str, hooks: bool, mode: str) -> str:
+    return name if mode != "alternate" else f"{name} ({'hooks' if hooks else 'no hooks'})"
 
 
 def write_report(output: Path, report: dict[str, Any], shown: str) -> None:
