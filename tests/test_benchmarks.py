@@ -4,32 +4,15 @@ themselves are not checked: speed targets live in the benchmarks' own results.""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from support.benchmarks import run_benchmark
 from support.controlplane import ControlPlane, cache_dir, pinned
 
 pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_benchmark(script: str, output: Path, *args: str, timeout: float = 600) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), *args, "--output", str(output)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert done.returncode == 0, f"{script} exited {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    result: dict[str, Any] = json.loads(output.read_text())
-    return result
 
 
 def test_operator_latency_benchmark_runs(control_plane: ControlPlane, tmp_path: Path) -> None:
@@ -111,18 +94,30 @@ def test_trainer_overhead_benchmark_runs(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_teardown_stress_benchmark_runs(tmp_path: Path) -> None:
-    # One run of each workload; the built-in trainer's teardown is ours, so it must be clean.
-    result = run_benchmark(
-        "teardown_stress.py", tmp_path / "teardown.json", "--runs", "2", "--load", "1", "--keep", str(tmp_path / "runs")
-    )
-    assert result["setup"] == {"runs": 2, "busy_loops": 1, "workloads": ["builtin", "byo"]}
-    builtin, byo = result["runs"]
-    assert (builtin["workload"], byo["workload"]) == ("builtin", "byo")
-    for run in (builtin, byo):
-        assert run["outcome"] == "Succeeded", run
+    # One run of the built-in trainer, a plain script and the smallest third-party one (Kubeflow's
+    # demo), each in its own working directory; the built-in trainer's teardown is ours, so it must be clean.
+    workloads = ("--workloads", "builtin,byo,kubeflow", "--keep", str(tmp_path / "runs"))
+    result = run_benchmark("teardown_stress.py", tmp_path / "teardown.json", "--runs", "1", "--load", "1", *workloads)
+    assert result["setup"]["runs_per_workload"] == 1 and result["setup"]["hooks"] is True
+    builtin, byo, kubeflow = result["runs"]
+    assert (builtin["workload"], byo["workload"], kubeflow["workload"]) == ("builtin", "byo", "kubeflow")
+    for run in (builtin, byo, kubeflow):
+        assert run["outcome"] == "Succeeded" and run["reached_end"] and run["hooks"] is True, run
         assert set(run["markers"]) == {"terminate_called", "exit_barrier", "traceback"}
     assert builtin["clean"], builtin
-    assert result["totals"]["runs"] == 2 and result["totals"]["succeeded"] == 2
+    assert (tmp_path / "runs" / "work-002-kubeflow" / "demo.py").is_file()
+    assert result["by_workload"]["kubeflow"]["runs"] == 1 and result["totals"]["succeeded"] == 3
+
+
+@pytest.mark.slow
+def test_teardown_stress_without_hooks_runs_the_same_job_without_them(tmp_path: Path) -> None:
+    # The nodes' PYTHONPATH must really lack the hooks: the run records what it got, read back
+    # from its own local-rewrites.json.
+    bare = ("--workloads", "kubeflow", "--no-hooks")
+    result = run_benchmark("teardown_stress.py", tmp_path / "bare.json", "--runs", "1", "--load", "0", *bare)
+    (run,) = result["runs"]
+    assert result["setup"]["hooks"] is False and run["hooks"] is False, run
+    assert run["outcome"] == "Succeeded" and run["reached_end"], run
 
 
 @pytest.mark.slow

@@ -15,9 +15,7 @@ a third job trains: it goes on, same pods, no restart, Succeeded. Every step tha
 the operators' logs, the job's events, rank 0's log and the provider's own story
 (support.diagnostics).
 
-The CPU knob: digits-cpu asks `cpu: "1"` per node and a one-node cluster of 2 CPUs cannot also
-fit the operator's 100m, so the chart is installed with `--set resources.requests.cpu=0`
-(docs/testing.md, "The CPU knob").
+The chart is installed by support.release (its CPU knob: `--set resources.requests.cpu=0`).
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support import release
 from support.controlplane import Unavailable
 from support.diagnostics import Diagnostics, deployment_log
 from support.jobs import DIGITS_CPU
@@ -46,9 +45,8 @@ from kubetrain.api.records import records_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60 * 60)]
 
-RELEASE = OPERATOR_NS = "kubetrain"
+RELEASE, OPERATOR_NS, TRAINER_IMAGE = release.RELEASE, release.OPERATOR_NAMESPACE, release.TRAINER_IMAGE
 JOB_NS = "e2e"
-TRAINER_IMAGE = "kubetrain/trainer:0.1.0-cpu"
 WAIT = "900s"  # per job: the machine is loaded, torch imports slowly
 RESTART_EPOCHS = 100  # ~8x the example's steps (~4 min here): time to delete a pod mid-training
 KUBETRAIN = Path(sys.executable).with_name("kubetrain")
@@ -133,21 +131,7 @@ def test_the_user_path_end_to_end(e2e_cluster: Provider, capsys: pytest.CaptureF
 def install_operator(run: Scenario) -> None:
     with run.diagnose.step("helm install, operator Ready", job="digits-cpu"):
         start = time.monotonic()
-        run.cluster.helm(
-            "upgrade", "--install", RELEASE, str(ROOT / "charts" / "kubetrain"),
-            "--namespace", OPERATOR_NS, "--create-namespace",
-            "--set", f"fullnameOverride={RELEASE}",
-            "--set", "image.pullPolicy=Never",
-            "--set", f"operator.trainerImage={TRAINER_IMAGE}",
-            "--set", "operator.progressIntervalSeconds=5",
-            "--set", "resources.requests.cpu=0",  # the CPU knob (module docstring)
-            "--wait", "--timeout", "10m",
-            timeout=660,
-        )  # fmt: skip
-        run.kubectl(
-            "wait", "-n", OPERATOR_NS, "pod", "-l", f"app.kubernetes.io/instance={RELEASE}",
-            "--for=condition=Ready", "--timeout=300s", timeout=320,
-        )  # fmt: skip
+        release.install_operator(run.cluster)
         run.timings["helm install -> operator Ready s"] = time.monotonic() - start
     with run.diagnose.step("the operators' /metrics, /healthz and /readyz through the pod proxy", job="digits-cpu"):
         pods = run.kubectl(
