@@ -6,8 +6,9 @@ workers) and SIGKILL after `terminationGracePeriodSeconds`. Only the ranks of th
 see the signal; the others learn of it from a vote: an all_reduce of two integers, started
 asynchronously at a step boundary and finished at a later one, so it rides under the steps
 in between (gloo; with NCCL it runs on a gloo group of its own, so it never syncs the GPU
-stream). A vote is not free: about 0.3 ms of CPU per rank with gloo on CPU, a quarter of a
-README-sized step (benchmarks/stop_on_signal.py). So the ranks vote about every
+stream). A vote is not free: 0.3 ms of CPU per rank with gloo on CPU (up to ~1.5 ms beside
+DDP's own traffic on a loaded machine), a quarter of a README-sized step when it came after
+every step (benchmarks/stop_on_signal.py, docs/benchmarks-24.md). So the ranks vote about every
 VOTE_INTERVAL_S, and after every step once steps take that long: each vote also carries
 every rank's proposal of how many steps make that interval, and all ranks take the same
 mean of them. A signal is therefore acted on within about two intervals, or two steps when
@@ -40,9 +41,10 @@ from kubetrain.trainer.dist import DistContext
 
 EXIT_STOPPED = 128 + signal.SIGTERM
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-# The ranks vote about this often (every step once steps take longer), and at least every
-# MAX_STEPS_PER_VOTE steps: a signal waits about two intervals, well inside any grace period.
-VOTE_INTERVAL_S = 0.05
+# The ranks vote about this often (after every step once steps take longer), and at least every
+# MAX_STEPS_PER_VOTE steps: a vote then costs at most ~0.5% of the time, and a signal waits about
+# two intervals, nothing against the pods' grace period (api/contract.py DEFAULT_GRACE_SECONDS).
+VOTE_INTERVAL_S = 0.25
 MAX_STEPS_PER_VOTE = 100
 
 

@@ -61,7 +61,7 @@ def main() -> None:
     with kdist.distributed("gloo", timeout_s=60, connect_timeout_s=60) as ctx:
         result = {
             "fast": votes_per_step(ctx, 0.001, STEPS),
-            "slow": votes_per_step(ctx, 2 * stopping.VOTE_INTERVAL_S, 30),
+            "slow": votes_per_step(ctx, 2 * stopping.VOTE_INTERVAL_S, 12),
             "stop": stop_call(ctx, 100),
         }
         everyone: list[Any] = [None] * ctx.world_size
