@@ -53,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,12 +193,12 @@ def busy_load(processes: int) -> Iterator[list[int]]:
             proc.wait()
 
 
-def scan_logs(run_dir: Path) -> dict[str, int]:
-    """How many lines of all node logs contain each crash marker."""
-    counts = dict.fromkeys(MARKERS, 0)
+def scan_logs(run_dir: Path, markers: Mapping[str, str] = MARKERS) -> dict[str, int]:
+    """How many lines of all node logs contain each marker (by default: the crash markers)."""
+    counts = dict.fromkeys(markers, 0)
     for log in sorted(run_dir.glob("node-*.log")):
         for line in log.read_text(errors="replace").splitlines():
-            for key, text in MARKERS.items():
+            for key, text in markers.items():
                 counts[key] += text in line
     return counts
 

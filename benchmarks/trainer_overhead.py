@@ -25,14 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from ranks import machine, max_over_ranks, spawn
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / "benchmarks" / "results" / "trainer_overhead.json"
@@ -66,15 +66,6 @@ def _config(directory: str, steps: int, world: int) -> Any:
     )
 
 
-def _max_over_ranks(value: float) -> float:
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
 def _kubetrain_run(ctx: Any, directory: str, steps: int) -> dict[str, Any]:
     import torch.distributed as dist
 
@@ -85,7 +76,7 @@ def _kubetrain_run(ctx: Any, directory: str, steps: int) -> dict[str, Any]:
     dist.barrier()
     start = time.perf_counter()
     train(config, ctx)
-    total = _max_over_ranks(time.perf_counter() - start)
+    total = max_over_ranks(time.perf_counter() - start)
     windows: list[float] = []
     if ctx.rank == 0:
         recs = [json.loads(line) for line in (Path(directory) / METRICS_FILE).read_text().splitlines()]
@@ -128,7 +119,7 @@ def _hand_run(ctx: Any, steps: int) -> dict[str, float]:
             if step > 10:
                 windows.append((now - mark) / 10)
             mark = now
-    total = _max_over_ranks(time.perf_counter() - start)
+    total = max_over_ranks(time.perf_counter() - start)
     return {"total_s": total, "window_step_s": windows}
 
 
@@ -180,7 +171,7 @@ def _comm_rounds(ctx: Any, *, rounds: int, block: int) -> dict[str, list[float]]
                 accumulate_gradients(model, batches, accum)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-            elapsed = _max_over_ranks(time.perf_counter() - start)
+            elapsed = max_over_ranks(time.perf_counter() - start)
             if round_ > 0:
                 times[name].append(elapsed)
     return times
@@ -204,7 +195,7 @@ def _checkpoint_run(ctx: Any, directory: str) -> float:
         start = time.perf_counter()
         ckpt.save(step, {"model": module.state_dict(), "optimizer": optimizer.state_dict()})
         dist.barrier()  # rank 0 alone writes; the others wait, as at their next collective
-        times.append(_max_over_ranks(time.perf_counter() - start))
+        times.append(max_over_ranks(time.perf_counter() - start))
     return statistics.median(times)
 
 
@@ -245,24 +236,8 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def _machine() -> dict[str, Any]:
-    import torch
-
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
-        "logical_cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "threads_per_rank": 1,
-        "backend": "gloo",
+        **machine(),
         "note": (
             "shared machine: other work ran alongside; compare arms within a repetition, not across runs. "
             "One unrecorded warm-up round of every arm precedes the repetitions."
@@ -336,30 +311,14 @@ def _summary(raw: dict[str, Any], args: argparse.Namespace, wall: float, load: t
 
 
 def launch(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(ROOT))
-    from kubetrain.api import contract
-
     load = os.getloadavg()
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kubetrain-bench-") as scratch:
         out = Path(scratch) / "raw.json"
-        port = contract.free_port()
-        procs = []
-        for rank in range(args.ranks):
-            env = {k: v for k, v in os.environ.items() if k not in contract.RESERVED_ENV}
-            env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-            env.update(
-                contract.rendezvous_env(
-                    master_addr="127.0.0.1", master_port=port, nnodes=args.ranks, node_rank=rank, nproc_per_node=1
-                )
-            )
-            cmd = [sys.executable, __file__, "--worker", "--out", str(out), "--scratch", scratch]
-            cmd += ["--reps", str(args.reps), "--steps", str(args.steps)]
-            cmd += ["--rounds", str(args.rounds), "--block", str(args.block)]
-            procs.append(subprocess.Popen(cmd, env=env))
-        codes = [proc.wait() for proc in procs]
-        if any(codes):
-            raise SystemExit(f"benchmark workers failed: exit codes {codes}")
+        argv = ["--worker", "--out", str(out), "--scratch", scratch]
+        argv += ["--reps", str(args.reps), "--steps", str(args.steps)]
+        argv += ["--rounds", str(args.rounds), "--block", str(args.block)]
+        spawn(__file__, argv, args.ranks)
         summary = _summary(json.loads(out.read_text()), args, time.monotonic() - start, load)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(summary, indent=2) + "\n")

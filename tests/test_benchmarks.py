@@ -138,3 +138,37 @@ def test_client_overhead_benchmark_polls_a_cluster(control_plane: ControlPlane, 
     )
     assert result["per_poll"]["kubernetes"]["polls"] == 5 and result["per_poll"]["kubernetes"]["wall_ms"]["median"] > 0
     assert result["startup"] == {"repeats": 0}
+
+
+@pytest.mark.slow
+def test_stop_on_signal_benchmark_runs(tmp_path: Path) -> None:
+    tiny = ("--models", "digits", "--rounds", "2", "--block-seconds", "0.05", "--stop-models", "digits", "--reps", "1")
+    result = run_benchmark("stop_on_signal.py", tmp_path / "stop.json", *tiny)
+    vote = result["vote"]["models"]["digits"]
+    assert vote["blocks_per_arm"] == 2 and vote["vote_alone_us"] > 0
+    # The arm emulating a vote after every step does vote after every step; the product's votes less often.
+    assert vote["votes_per_step"]["vote_every_step"] == 1.0
+    assert vote["votes_per_step"]["vote"] < 1.0, vote["votes_per_step"]
+    assert isinstance(vote["cpu"]["vote_within_noise"], bool)
+    (run,) = result["stop"]["models"]["digits"]["runs"]
+    assert run["exit_code"] == 130, run
+    # The stop saved a step no older than the last one logged before the signal: nothing lost.
+    assert run["saved_step"] >= run["last_step_logged_before_signal"], run
+    assert 0 < run["signal_to_checkpoint_s"] <= run["signal_to_nodes_exit_s"] <= run["signal_to_command_exit_s"]
+    assert run["checkpoint_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_stall_false_positives_benchmark_runs(tmp_path: Path) -> None:
+    # A timeout above the start-up of a loaded machine (seen up to ~40 s at load 20): a shorter one trips
+    # on the start-up itself (docs/benchmarks-24.md), before the hang this run injects.
+    tiny = ("--runs", "1", "--steps", "3", "--step-ms", "500", "--timeout", "60", "--load", "1")
+    result = run_benchmark("stall_false_positives.py", tmp_path / "stall.json", *tiny, timeout=900)
+    (run,) = result["runs"]
+    assert run["outcome"] == "Succeeded" and run["steps"] >= 3, run
+    assert set(result["totals"]) >= {"stalled_conditions", "stalled_failures", "restarts", "stack_dump_lines"}
+    # The opposite check is the product's promise, so it is asserted even at this size.
+    verdict = result["hang_check"]["verdict"]
+    assert verdict["stalled"] and verdict["blamed_rank"] == 1 and verdict["names_the_line"], verdict
+    assert verdict["nodes_with_stacks"] == [0, 1], verdict
+    assert result["hang_check"]["outcome"] == "Succeeded", result["hang_check"]

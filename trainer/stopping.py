@@ -3,11 +3,16 @@ can be checkpointed: no step is lost to a pod deletion, eviction, drain, preempt
 
 Kubernetes stops a pod with SIGTERM to its first process (torchrun, which passes it on to its
 workers) and SIGKILL after `terminationGracePeriodSeconds`. Only the ranks of the stopped pod
-see the signal; the others learn of it from one vote per optimizer step: an all_reduce of one
-integer, started asynchronously after a step and finished at the next boundary, so it rides
-under that step's compute (gloo; with NCCL it runs on a gloo group of its own, so it never
-syncs the GPU stream). A signal is therefore acted on one or two steps after it arrived, and
-every rank stops at the same step.
+see the signal; the others learn of it from a vote: an all_reduce of two integers, started
+asynchronously at a step boundary and finished at a later one, so it rides under the steps
+in between (gloo; with NCCL it runs on a gloo group of its own, so it never syncs the GPU
+stream). A vote is not free: 0.3 ms of CPU per rank with gloo on CPU (up to ~1.5 ms beside
+DDP's own traffic on a loaded machine), a quarter of a README-sized step when it came after
+every step (benchmarks/stop_on_signal.py, docs/benchmarks-24.md). So the ranks vote about every
+VOTE_INTERVAL_S, and after every step once steps take that long: each vote also carries
+every rank's proposal of how many steps make that interval, and all ranks take the same
+mean of them. A signal is therefore acted on within about two intervals, or two steps when
+steps are longer, after it arrived, and every rank stops at the same step.
 
     stop = StopSignal(ctx)                # installs the handlers; collective
     for step ...:
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -35,6 +41,11 @@ from kubetrain.trainer.dist import DistContext
 
 EXIT_STOPPED = 128 + signal.SIGTERM
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# The ranks vote about this often (after every step once steps take longer), and at least every
+# MAX_STEPS_PER_VOTE steps: a vote then costs at most ~0.5% of the time, and a signal waits about
+# two intervals, nothing against the pods' grace period (api/contract.py DEFAULT_GRACE_SECONDS).
+VOTE_INTERVAL_S = 0.25
+MAX_STEPS_PER_VOTE = 100
 
 
 class StopSignal:
@@ -53,6 +64,10 @@ class StopSignal:
         self._flag: torch.Tensor | None = None
         self._work: Any = None
         self._stopped = False
+        # Steps from one vote to the next (the same on every rank), steps since the last, and when it was.
+        self._every = 1
+        self._steps = 0
+        self._since = time.monotonic()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
@@ -61,21 +76,31 @@ class StopSignal:
     def agreed(self) -> bool:
         """Collective, once per optimizer step on every rank: True once any rank received a signal.
 
-        Finishes the vote started at the previous call and starts the next one, so each vote
-        overlaps one step; the answer is the same on every rank."""
+        Every `_every` calls, finishes the vote started the last time and starts the next one,
+        so each vote overlaps the steps in between; the answer is the same on every rank."""
         if self._stopped:
             return True
         if self._world == 1:
             self._stopped = self.received is not None
             return self._stopped
+        self._steps += 1
+        if self._steps < self._every:
+            return False
+        now = time.monotonic()
         if self._work is not None:
             self._work.wait()
             assert self._flag is not None
-            if int(self._flag.item()) > 0:
+            signalled, proposals = self._flag.tolist()
+            if signalled > 0:
                 self._work = self._flag = None
                 self._stopped = True
                 return True
-        self._flag = torch.tensor([int(self.received is not None)], dtype=torch.int32)
+            # The same sum on every rank: every rank counts the same steps to the next vote.
+            self._every = max(1, min(MAX_STEPS_PER_VOTE, proposals // self._world))
+        step_s = (now - self._since) / self._steps
+        proposal = MAX_STEPS_PER_VOTE if step_s <= 0 else max(1, min(MAX_STEPS_PER_VOTE, int(VOTE_INTERVAL_S / step_s)))
+        self._steps, self._since = 0, now
+        self._flag = torch.tensor([int(self.received is not None), proposal], dtype=torch.int64)
         self._work = dist.all_reduce(self._flag, group=self._group, async_op=True)
         return False
 

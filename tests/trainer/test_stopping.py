@@ -1,0 +1,33 @@
+"""The stop vote (kubetrain.trainer.stopping) with two gloo ranks: spaced out while steps are fast
+(a vote costs about as much CPU as a README-sized step, benchmarks/stop_on_signal.py), after
+every step once steps are slow, and a SIGTERM to one rank still stops both at the same step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.trainer_runs import Launcher
+
+from kubetrain.trainer.stopping import VOTE_INTERVAL_S
+
+pytestmark = [pytest.mark.unit, pytest.mark.slow]
+
+CHECKS = [str(Path(__file__).with_name("stop_vote_checks.py"))]
+
+
+def test_votes_are_spaced_and_a_signal_stops_every_rank_at_one_step(launcher: Launcher) -> None:
+    results = launcher.ranks(2, CHECKS).wait(180)
+    for rank, (code, _, err) in enumerate(results):
+        assert code == 0, f"rank {rank} exited {code}:\n{err[-3000:]}"
+    ranks = json.loads(results[0][1].strip().splitlines()[-1])
+    for rank in ranks:
+        # 1 ms steps: a vote every step would be 1.0; every MAX_STEPS_PER_VOTE at most is ~0.01-0.05.
+        assert rank["fast"] < 0.25, rank
+        # Steps longer than the interval: a vote after every one, as before.
+        assert rank["slow"] == 1.0, rank
+    stops = [rank["stop"] for rank in ranks]
+    assert stops[0]["call"] == stops[1]["call"] > 100, stops  # the same step on both ranks
+    # About two intervals after rank 1's signal (0.2-0.5 s); generous for a loaded machine.
+    assert stops[1]["after_signal_s"] < 20 * 2 * VOTE_INTERVAL_S, stops
