@@ -18,7 +18,14 @@ When they are, two of torch's exit races are closed where a user's script cannot
   agent waits in it (bounded by the barrier's own timeout), so the barrier opens on the
   store's host. torchrun runs the exit barrier only after its workers succeeded.
 
-Both hooks use private torch names; a torch that renamed them gets a warning and torch's own
+* torchrun's static rendezvous: a node other than 0 waits for node 0's name and port at a short
+  fixed interval before torch's store client connects (which retries a name that does not
+  resolve yet with growing gaps), see kubetrain.trainer.reach.
+* The in-place gang restart (runPolicy.restartStrategy InPlace, when KUBETRAIN_ATTEMPT_FILE is
+  set): torchrun's agent holds a failed gang and restarts its workers when the pod is moved to
+  the next attempt, starting them as forks of itself; see kubetrain.trainer.agent.
+
+The hooks use private torch names; a torch that renamed them gets a warning and torch's own
 behaviour, never a failure.
 """
 
@@ -136,10 +143,33 @@ def _node0_enters_exit_barrier_last(module: ModuleType) -> None:
     agent_class._exit_barrier = _exit_barrier
 
 
+def _wait_for_node0(module: ModuleType) -> None:
+    from kubetrain.trainer import agent
+
+    agent.patch_static_rendezvous(module)
+
+
+def _restart_in_place(module: ModuleType) -> None:
+    from kubetrain.trainer import agent
+
+    if agent.enabled():
+        agent.patch_agent(module)
+
+
+def _warm_workers(module: ModuleType) -> None:
+    from kubetrain.trainer import agent
+
+    if agent.enabled():
+        agent.patch_handler(module)
+
+
 HOOKS: dict[str, Callable[[ModuleType], None]] = {
     "torch.distributed.distributed_c10d": _import_nn_before_init,
     "torch.distributed": _rebind_package,
     "torch.distributed.elastic.agent.server.api": _node0_enters_exit_barrier_last,
+    "torch.distributed.elastic.rendezvous.static_tcp_rendezvous": _wait_for_node0,
+    "torch.distributed.elastic.agent.server.local_elastic_agent": _restart_in_place,
+    "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler": _warm_workers,
 }
 
 
