@@ -96,6 +96,17 @@ DEFAULT_ENV: dict[str, str] = {
 }
 
 
+# Pods get this terminationGracePeriodSeconds unless spec.template sets one: the time between
+# SIGTERM and SIGKILL in which every rank stops at the next optimizer step and rank 0 writes a
+# checkpoint of it (kubetrain.trainer.stopping). It covers one or two steps plus a save: the
+# README's example saves in ~0.05 s, a 100M-parameter model with AdamW state in seconds on CPU
+# (benchmarks/stop_on_signal.py measures both). Kubernetes' own default is 30 s.
+DEFAULT_GRACE_SECONDS = 120
+# torchrun (2.10+) waits this long for its workers after it is stopped before it SIGKILLs them
+# (its default: 30 s); rendered as the pod's grace period so the save may use all of it.
+SHUTDOWN_TIMEOUT_ENV = "PET_SHUTDOWN_TIMEOUT"
+
+
 def default_env(user_names: Collection[str]) -> dict[str, str]:
     """The DEFAULT_ENV entries the job's own `env` (names `user_names`) does not set."""
     return {name: value for name, value in DEFAULT_ENV.items() if name not in user_names}

@@ -614,6 +614,14 @@ class LastCheckpoint(StrictModel):
     path: str = Field(max_length=1024, description="Checkpoint directory.")
     step: int = Field(ge=0, description="Optimizer step it holds.")
     time: datetime | None = Field(None, description="When it was completed.")
+    reason: str | None = Field(
+        None,
+        max_length=64,
+        description=(
+            "Why it was taken: periodic (everySteps/everySeconds), epoch, final, or signal (the pod was being "
+            "stopped: deleted, evicted, preempted, suspended); the next attempt resumes from it."
+        ),
+    )
 
 
 class Failure(StrictModel):

@@ -122,7 +122,14 @@ def fold(
         elif event in ("checkpoint", "resume"):
             path, step = record.get("path"), _count(record.get("step"))
             if isinstance(path, str) and path and step is not None and (checkpoint is None or step >= checkpoint.step):
-                checkpoint = LastCheckpoint(path=path[:1024], step=step, time=_time(record.get("time")))
+                reason = record.get("reason")
+                if not isinstance(reason, str) or not reason:
+                    # A resume of the checkpoint already known keeps what that one said.
+                    same = checkpoint is not None and checkpoint.path == path[:1024]
+                    reason = checkpoint.reason if same and checkpoint is not None else None
+                checkpoint = LastCheckpoint(
+                    path=path[:1024], step=step, time=_time(record.get("time")), reason=reason[:64] if reason else None
+                )
         if not update:
             continue
         merged = (progress.model_dump() if progress is not None else {}) | update

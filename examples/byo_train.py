@@ -7,7 +7,9 @@ Snapshots go to $KUBETRAIN_CHECKPOINT_DIR, which every TrainingJob pod gets: the
 volume (`checkpoint.dir`) on a cluster, `<run-dir>/checkpoints` with `kubetrain run --local`.
 Never a path relative to the working directory: that would outlive the run dir and be resumed
 by the next run. Without the variable, --checkpoint-dir. Rerun the same command after a crash:
-it resumes from the newest complete checkpoint.
+it resumes from the newest complete checkpoint. Stopped by SIGTERM (the pod deleted, evicted,
+preempted, suspended) or Ctrl-C, every rank stops at the same step and that step is saved:
+the rerun loses none.
 """
 
 from __future__ import annotations
@@ -53,36 +55,42 @@ def main() -> None:
         test_loader = lib.eval_loader(test_set, batch_size=512, rank=ctx.rank, world_size=ctx.world_size)
         ckpt = lib.Checkpointer(ckpt_dir, rank=ctx.rank, world_size=ctx.world_size, generators=[loader.generator])
 
-        epoch = step = 0
+        stop = lib.StopSignal(ctx)  # SIGTERM/SIGINT on any rank -> every rank stops at one step
+
+        def save(reason: str) -> None:
+            state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}
+            state.update(epoch=epoch, batch=batch, step=step)
+            path = ckpt.save(step, state, reason=reason)
+            if path is not None:
+                lib.log0(ctx, "checkpoint", step=step, epoch=epoch, directory=ckpt_dir, path=str(path), reason=reason)
+
+        epoch = batch = step = 0  # batch: batches of `epoch` already trained
         resumed = ckpt.load()
         if resumed is not None:
             state = resumed[1]
             model.module.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-            epoch, step = state["epoch"], state["step"]
+            epoch, batch, step = state["epoch"], state["batch"], state["step"]
         resumed_from = str(resumed[0]) if resumed else None
         lib.log0(ctx, "start", step=step, epoch=epoch, total_steps=args.epochs * len(loader), directory=ckpt_dir,
                  world_size=ctx.world_size,
                  backend=ctx.backend, resumed_from=resumed_from)  # fmt: skip
 
         loss = torch.zeros(())
-        for epoch in range(epoch, args.epochs):  # noqa: B020 - continue from the resumed epoch
-            for x, y in loader.epoch(epoch):
+        while epoch < args.epochs:
+            for x, y in loader.epoch(epoch, skip_batches=batch):
                 loss = lib.accumulate_gradients(model, iter([(x, y)]), 1, loss_fn=F.cross_entropy)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                step += 1
+                step, batch = step + 1, batch + 1
+                if stop.agreed():  # once per step, on every rank
+                    save("signal")
+                    stop.exit()
             accuracy, eval_loss = lib.evaluate(model.module, test_loader, ctx.device)
             lib.log0(ctx, "eval", step=step, epoch=epoch, directory=ckpt_dir, accuracy=accuracy, eval_loss=eval_loss)
-            state = {
-                "model": model.module.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "epoch": epoch + 1,
-                "step": step,
-            }
-            path = ckpt.save(step, state)
-            if path is not None:
-                lib.log0(ctx, "checkpoint", step=step, epoch=epoch + 1, directory=ckpt_dir, path=str(path))
+            epoch, batch = epoch + 1, 0
+            save("epoch")
+        stop.close()
         final_accuracy, _ = lib.evaluate(model.module, test_loader, ctx.device)
         lib.log0(
             ctx, "done", step=step, epoch=args.epochs, directory=ckpt_dir, loss=float(loss), accuracy=final_accuracy

@@ -37,6 +37,7 @@ from kubetrain.local.plan import LocalPlan, NodeProcess
 from kubetrain.local.processes import ProcessTree, note_groups, stop, subreaper
 from kubetrain.local.result import RunResult
 from kubetrain.operator.decision import DEFAULT_POLICY
+from kubetrain.operator.render import grace_seconds
 from kubetrain.operator.status import Decision, PodView, Policy, decide, is_true
 
 # How often the process groups under each node are noted (a scan of /proc).
@@ -110,12 +111,14 @@ class _Node:
 
 class Supervisor:
     def __init__(
-        self, plan: LocalPlan, view: RunView, *, grace_s: float = 10.0, policy: Policy = DEFAULT_POLICY
+        self, plan: LocalPlan, view: RunView, *, grace_s: float | None = None, policy: Policy = DEFAULT_POLICY
     ) -> None:
         self.plan = plan
         self.policy = policy
         self.view = view
-        self.grace_s = grace_s
+        # As the kubelet does: SIGTERM, then SIGKILL after the pods' terminationGracePeriodSeconds,
+        # in which the trainer checkpoints the step it is at (kubetrain.trainer.stopping).
+        self.grace_s = float(grace_seconds(plan.job)) if grace_s is None else grace_s
         self.job = plan.job.model_copy(update={"status": TrainingJobStatus()})
         self.nodes: dict[str, _Node] = {}
         self.result = RunResult("Failed", "", plan.run_dir)
@@ -216,7 +219,8 @@ class Supervisor:
         if restarted:
             self.view.notice(self._resume_notice())
         doomed = {name for name, _ in decision.delete_pods}
-        self._stop([node for node in self.nodes.values() if node.spec.pod_name in doomed])
+        grace = decision.delete_grace_seconds
+        self._stop([node for node in self.nodes.values() if node.spec.pod_name in doomed], grace)
         if decision.create_ranks:
             self._start(self.status.attempt, decision.create_ranks)
 
@@ -262,12 +266,14 @@ class Supervisor:
                 f"node {spec.rank}: cannot start {spec.argv[0]!r}: {error.strerror or error}"
             ) from None
 
-    def _stop(self, nodes: Sequence[_Node]) -> None:
-        """Stop these nodes' process trees and note their exit codes."""
+    def _stop(self, nodes: Sequence[_Node], grace_s: float | None = None) -> None:
+        """Stop these nodes' process trees (SIGKILL after `grace_s`, else the pods' grace
+        period) and note their exit codes."""
         if not nodes:
             return
         started = time.monotonic()
-        live = stop([n.tree for n in nodes], self.grace_s, wait=lambda: self._pump(0.05), hurry=lambda: self._hurry)
+        grace = self.grace_s if grace_s is None else grace_s
+        live = stop([n.tree for n in nodes], grace, wait=lambda: self._pump(0.05), hurry=lambda: self._hurry)
         if live:
             self.view.notice(f"stopped {live} running node(s) in {time.monotonic() - started:.1f}s")
         self._drain(nodes, READ_TAIL_S)

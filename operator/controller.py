@@ -7,7 +7,8 @@ whose watch events have not arrived yet (the name and the idea are kube-controll
 ControllerExpectations).
 decide: pure functions — `status.decide` (the gang), `progress` (rank 0's metrics) and
 `refusal` (a pod the API server refused). They are the only authors of the job's status.
-apply: `kube.py`, the only writer; the status goes first when the decision says so.
+apply: `kube.py`, the only writer; the status goes first when the decision says so. What
+Kueue and the PodGroup APIs need read and written is in `kueue_io.py` and `podgroup_io.py`.
 
 Level-based: a reconcile depends on the job's state, never on which event woke it; the
 TrainingJob status holds everything that must survive a restart of the operator.
@@ -28,11 +29,11 @@ from pydantic import ValidationError
 
 from kubetrain.api import naming
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
-from kubetrain.operator import gang, kueue, metrics, progress, refusal
+from kubetrain.operator import kueue, kueue_io, metrics, podgroup, podgroup_io, progress, refusal
 from kubetrain.operator.kube import ApiError, Conflict, Kube, Refused
 from kubetrain.operator.render import render_pod, render_service
 from kubetrain.operator.settings import OperatorSettings
-from kubetrain.operator.status import Decision, Event, Hold, PodView, StaleView, decide, get_condition, parse_time
+from kubetrain.operator.status import Decision, Event, PodView, StaleView, decide, get_condition, parse_time
 from kubetrain.operator.workqueue import Key, WorkQueue
 
 log = logging.getLogger("kubetrain.operator")
@@ -43,12 +44,6 @@ Index = Mapping[Any, Collection[Any]]  # informer.Index: (namespace, job) -> wha
 EXPECTATIONS_TIMEOUT_SECONDS = 60.0
 # Retries of a transiently refused creation (a missing ServiceAccount, a quota): 1 s doubling to 60 s.
 REFUSAL_BACKOFF_SECONDS = (1.0, 60.0)
-# How long a discovery answer (which PodGroup APIs are served?) is trusted: feature gates and
-# CRDs change rarely.
-DISCOVERY_TTL_SECONDS = 300.0
-# A queued job whose Workload cannot be created yet (its WorkloadPriorityClass is missing, the
-# API server refused it) looks again this often.
-WORKLOAD_RETRY_SECONDS = 30.0
 
 
 # kubectl apply's copy of the whole manifest: nothing here reads it.
@@ -123,7 +118,7 @@ class JobState:
     progress_read_at: float | None = None  # event-loop time of the last read of rank 0's log
     phase: str | None = None  # as last written, for the jobs-by-phase gauge
     refusals: int = 0  # creation passes refused in a row: the retry backoff's exponent
-    placement: tuple[tuple[str, ...], kueue.Placement] | None = None  # Kueue flavors read, and where they place
+    placement: kueue_io.Placed | None = None  # Kueue flavors read, and where they place
 
 
 def _count_phase(state: JobState, phase: str | None) -> None:
@@ -155,9 +150,7 @@ class Controller:
         # after another at the same throughput. Only the creates are bounded: the status
         # write and the Event after them need no turn.
         self.creating = asyncio.Semaphore(settings.workers)
-        self._group_apis: tuple[float, frozenset[str]] | None = None  # (monotonic time, served)
-        # One discovery request at a time: a burst of new jobs must not send one each.
-        self._discovery = asyncio.Lock()
+        self.discovery = podgroup_io.Discovery(kube)
 
     # --- what the watches see -----------------------------------------------------------
     def watch(self, pods: Index, services: Index) -> None:
@@ -246,9 +239,9 @@ class Controller:
         service_exists = state.expectations.service or bool(self.services.get(key))
         now = datetime.now(UTC).replace(microsecond=0)
         uid = body["metadata"]["uid"]
-        policy = replace(self.settings.policy, group_apis=await self._served_group_apis())
+        policy = replace(self.settings.policy, group_apis=await self.discovery.served())
         try:
-            admission = await self._admission(key, uid, job, pods, now)
+            admission = await kueue_io.admission(self.kube, self.settings.render, key[0], uid, job, pods, now)
             decision = decide(job, uid, pods, service_exists, now, policy, admission.hold)
             # A gang failure: rank 0 may have recorded `done` since the last read (progress.py).
             if progress.recheck(job.status, decision.status) and (text := await self._read_rank0(key, state, pods)):
@@ -259,68 +252,11 @@ class Controller:
         except StaleView as stale:
             return await self._reread(key, state, stale)
         if admission.retry:
-            decision.requeue(WORKLOAD_RETRY_SECONDS)
+            decision.requeue(kueue_io.WORKLOAD_RETRY_SECONDS)
         try:
             return await self._apply(key, state, job, decision, admission.flavors)
         except Conflict:
             return await self._reread(key, state, None)
-
-    async def _served_group_apis(self) -> frozenset[str]:
-        """Discovery of the PodGroup APIs (operator/gang.py), cached for DISCOVERY_TTL_SECONDS."""
-        async with self._discovery:
-            now = time.monotonic()
-            if self._group_apis is None or now - self._group_apis[0] > DISCOVERY_TTL_SECONDS:
-                served = [
-                    api.api_version for api in gang.APIS.values() if await self.kube.serves(api.api_version, api.plural)
-                ]
-                self._group_apis = (now, frozenset(served))
-            return self._group_apis[1]
-
-    async def _admission(
-        self, key: Key, uid: str, job: TrainingJob, pods: list[PodView], now: datetime
-    ) -> kueue.Admission:
-        """Kueue's say on a queued job (operator/kueue.py): create its Workload, hand back an
-        evicted one's quota, mark a finished job's Workload Finished. Other jobs just run."""
-        if kueue.queue_name(job) is None:
-            return kueue.Admission(None)
-        namespace = key[0]
-        workload = await self.kube.get_kueue("workloads", kueue.workload_name(job.name), namespace)
-        if workload is not None and workload["metadata"].get("labels", {}).get(naming.LABEL_JOB_UID) != uid:
-            workload = None  # a deleted job's of the same name, which the garbage collector is removing
-        conditions = (job.status.conditions if job.status else None) or []
-        ended = next((c for c in conditions if c.type in ("Succeeded", "Failed") and c.status == "True"), None)
-        if ended is not None:
-            done = None if workload is None else kueue.finish(workload, ended.type == "Succeeded", ended.message, now)
-            if workload is not None and done is not None:
-                await self.kube.replace_workload_status(workload, done)
-            return kueue.Admission(None)
-        if workload is None:
-            return await self._create_workload(namespace, uid, job)
-        verdict = kueue.admission(job, workload, pods_left=bool(pods))
-        if verdict.acknowledge:
-            await self.kube.replace_workload_status(workload, kueue.acknowledge_eviction(workload, now))
-        elif (spec := kueue.respec(job, workload)) is not None:
-            await self.kube.replace_workload_spec(workload, spec)
-        return verdict
-
-    async def _create_workload(self, namespace: str, uid: str, job: TrainingJob) -> kueue.Admission:
-        priority, name = None, kueue.priority_class(job)
-        if name is not None:
-            found = await self.kube.get_kueue("workloadpriorityclasses", name)
-            if found is None:
-                message = f"the label {kueue.PRIORITY_LABEL} names WorkloadPriorityClass {name}, which does not exist"
-                return kueue.Admission(Hold("WorkloadPriorityClassNotFound", message), retry=True)
-            priority = int(found.get("value", 0))
-        attempt = job.status.attempt if job.status else 0
-        pod = render_pod(job, namespace, uid, 0, attempt, self.settings.render)
-        workload = kueue.render_workload(job, namespace, uid, pod, priority)
-        try:
-            await self.kube.create_workload(workload)
-        except Refused as refused:
-            message = f"the API server refused Workload {workload['metadata']['name']}: {refused.message}"
-            return kueue.Admission(Hold("WorkloadRefused", message), retry=True)
-        message = f"created Workload {workload['metadata']['name']} in LocalQueue {kueue.queue_name(job)}"
-        return kueue.Admission(Hold("WaitingForAdmission", message))
 
     async def _confirm_overdue(self, namespace: str, uid: str, state: JobState, indexed: Collection[PodView]) -> None:
         """Created pods the watch has not shown for a while are asked for, not presumed deleted:
@@ -386,7 +322,8 @@ class Controller:
         committed = decision.commit_first and decided_wire != previous_wire
         if committed:
             await self._write_status(state, body, decided_wire)
-        await asyncio.gather(*(self._delete(state, namespace, pod, uid) for pod, uid in decision.delete_pods))
+        grace = decision.delete_grace_seconds
+        await asyncio.gather(*(self._delete(state, namespace, pod, uid, grace) for pod, uid in decision.delete_pods))
         created, refused = await self._create(key, state, job, decision, flavors)
         now = datetime.now(UTC).replace(microsecond=0)
         status, events = refusal.settle(previous, decision, committed, refused, created, now)
@@ -416,10 +353,10 @@ class Controller:
                 state.body = _held(written)
             body["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"]
 
-    async def _delete(self, state: JobState, namespace: str, pod: str, uid: str) -> None:
+    async def _delete(self, state: JobState, namespace: str, pod: str, uid: str, grace: int | None) -> None:
         if uid in state.expectations.deletions:
             return
-        await self.kube.delete_pod(namespace, pod, uid)
+        await self.kube.delete_pod(namespace, pod, uid, grace)
         state.expectations.deletions.add(uid)
 
     async def _create(
@@ -432,7 +369,8 @@ class Controller:
         where = kueue.Placement()
         if flavors and decision.create_ranks:
             try:
-                where = await self._placement(state, flavors)
+                state.placement = await kueue_io.placement(self.kube, flavors, state.placement)
+                where = state.placement[1]
             except (ApiError, LookupError) as error:
                 # Namespaced mode without the grant (README, "Kueue"), or a flavor deleted
                 # under a live admission: no pod may start off its flavor; retried with backoff.
@@ -442,13 +380,13 @@ class Controller:
             kueue.place(render_pod(job, namespace, uid, rank, attempt, self.settings.render), where)
             for rank in decision.create_ranks
         ]
-        recorded = get_condition(decision.status, gang.CONDITION)
-        mode = "none" if recorded is None else gang.attempt_mode(recorded.status, recorded.reason)
+        recorded = get_condition(decision.status, podgroup.CONDITION)
+        mode = "none" if recorded is None else podgroup.attempt_mode(recorded.status, recorded.reason)
         if pods and mode != "none":
-            blocked = await self._create_podgroup(job, namespace, uid, attempt, mode)
+            blocked = await podgroup_io.create(self.kube, job, namespace, uid, attempt, mode)
             if blocked is not None:  # without its PodGroup no pod of the gang could be placed
                 return False, blocked
-            pods = [gang.join(pod, gang.podgroup_name(job.name, attempt), mode) for pod in pods]
+            pods = [podgroup.join(pod, podgroup.podgroup_name(job.name, attempt), mode) for pod in pods]
         objects = [render_service(job, namespace, uid)] if decision.create_service else []
         objects += pods
         async with self.creating if objects else contextlib.nullcontext():
@@ -468,33 +406,6 @@ class Controller:
             raise errors[0]
         refusals.sort(key=lambda r: r.transient)
         return len(refusals) < len(objects), (refusals[0] if refusals else None)
-
-    async def _create_podgroup(
-        self, job: TrainingJob, namespace: str, uid: str, attempt: int, mode: gang.Mode
-    ) -> refusal.Refusal | None:
-        """The attempt's PodGroup, after older attempts' ones are deleted (they go with their
-        attempt; the API server keeps each until its pods are gone)."""
-        api = gang.APIS[mode]
-        try:
-            await self.kube.delete_collection(api.api_version, namespace, api.plural, gang.stale_selector(uid, attempt))
-        except ApiError as error:  # the job's deletion collects them anyway
-            log.warning("%s/%s: deleting older PodGroups failed: %s", namespace, job.name, error)
-        try:
-            await self.kube.create(gang.render_podgroup(job, namespace, uid, attempt, mode))
-        except Refused as refused:
-            return refusal.classify(refused.status, refused.message)
-        return None
-
-    async def _placement(self, state: JobState, flavors: tuple[str, ...]) -> kueue.Placement:
-        """The node labels and tolerations of the admitted flavors, read again only when the
-        admission names other flavors."""
-        if state.placement is None or state.placement[0] != flavors:
-            found = await asyncio.gather(*(self.kube.get_kueue("resourceflavors", f) for f in flavors))
-            missing = [name for name, flavor in zip(flavors, found, strict=True) if flavor is None]
-            if missing:
-                raise LookupError(f"ResourceFlavor {missing[0]} not found")
-            state.placement = (flavors, kueue.placement([f for f in found if f is not None]))
-        return state.placement[1]
 
     async def _announce(self, key: Key, body: dict[str, Any], status: TrainingJobStatus, events: list[Event]) -> None:
         """Post the events, log them, count them in the metrics."""

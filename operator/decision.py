@@ -19,7 +19,12 @@ class Policy:
     # run before its pod is deleted and the job succeeds without it. Clean exits take seconds;
     # node 0 itself waits up to 60 s in its exit barrier for the other nodes' agents.
     straggler_timeout: timedelta = timedelta(seconds=90)
-    # The PodGroup API versions the cluster serves (operator/gang.py; the operator's
+    # The grace period of the pods deleted after a crash or a stall. A disruption (a pod
+    # deleted, evicted, preempted; suspend) leaves the gang whole, and the pods' own grace
+    # lets every rank checkpoint its current step; after a crash the survivors cannot (their
+    # next collective with the failed rank errors), so a long grace would only delay the restart.
+    failed_gang_grace_seconds: int = 3
+    # The PodGroup API versions the cluster serves (operator/podgroup.py; the operator's
     # discovery); None where no scheduler places the pods (the local runner).
     group_apis: frozenset[str] | None = None
 
@@ -53,6 +58,8 @@ class Decision:
     # (name, uid): deleted with a uid precondition so that a same-named pod of a newer
     # attempt is never hit.
     delete_pods: list[tuple[str, str]] = field(default_factory=list)
+    # The grace period of those deletes; None: the pods' own (terminationGracePeriodSeconds).
+    delete_grace_seconds: int | None = None
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None

@@ -37,11 +37,16 @@ DISRUPTION_CONDITION = "DisruptionTarget"
 DISRUPTION_REASONS = ("Evicted", "Preempted", "NodeLost", "Terminated")
 # Applied after the user's rules: a disruption is not the job's fault, so it does not use up
 # the restart budget.
+# A pod deleted while it ran (kubectl delete pod, an admin's or a controller's clean-up) is a
+# disruption too, even where Kubernetes sets no DisruptionTarget condition for it.
+DELETED_REASON = "PodDeleted"
 DEFAULT_RULES = (
     FailurePolicyRule(
         action="RestartJobAndIgnoreMaxRestarts", on_pod_conditions=[PodConditionPattern(type=DISRUPTION_CONDITION)]
     ),
-    FailurePolicyRule(action="RestartJobAndIgnoreMaxRestarts", on_failure_reasons=list(DISRUPTION_REASONS)),
+    FailurePolicyRule(
+        action="RestartJobAndIgnoreMaxRestarts", on_failure_reasons=[*DISRUPTION_REASONS, DELETED_REASON]
+    ),
 )
 
 FailureKind = Literal["failed", "deleted", "stuck"]
@@ -58,7 +63,7 @@ def failure_of(pod: PodView, attempt: int, kind: FailureKind, now: datetime) -> 
         reason = disruption.reason or DISRUPTION_CONDITION
         message = disruption.message or f"pod {pod.name} was disrupted ({reason})"
     elif kind == "deleted":
-        reason, message = "PodDeleted", f"pod {pod.name} was deleted while the attempt ran"
+        reason, message = DELETED_REASON, f"pod {pod.name} was deleted while the attempt ran"
     elif kind == "stuck":
         reason = pod.waiting_reason or "Stuck"
         message = f"pod {pod.name} waited in {reason} longer than the stuck timeout"
@@ -118,6 +123,12 @@ class Verdict:
     action: FailureAction
     # "failurePolicy.rules[0] (FailJob on exit code 2)"; None when no rule matched.
     rule: str | None = None
+
+
+def is_disruption(failure: Failure, conditions: Sequence[PodCondition]) -> bool:
+    """Stopped from outside (deleted, evicted, preempted, ...) rather than failed: what the
+    default rules do not count, whatever the user's rules say."""
+    return any(_matches(rule, failure, conditions) for rule in DEFAULT_RULES)
 
 
 def judge(policy: FailurePolicy | None, failure: Failure, conditions: Sequence[PodCondition]) -> Verdict:

@@ -215,9 +215,12 @@ class Kube:
             raise
         return created
 
-    async def delete_pod(self, namespace: str, name: str, uid: str | None) -> None:
+    async def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None) -> None:
+        """`grace_seconds` None: the pod's own terminationGracePeriodSeconds."""
         API_WRITES.labels("delete", "pods").inc()
-        body = {"preconditions": {"uid": uid}} if uid else {}
+        body: dict[str, Any] = {"preconditions": {"uid": uid}} if uid else {}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
         try:
             await self._request("DELETE", _core(namespace, "pods", name), body)
         except ApiError as exc:

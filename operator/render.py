@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubetrain.api import naming
-from kubetrain.api.contract import CHECKPOINT_DIR_ENV, DEFAULT_COMMAND, default_env, is_reserved, rendezvous_env
+from kubetrain.api.contract import (
+    CHECKPOINT_DIR_ENV,
+    DEFAULT_COMMAND,
+    DEFAULT_GRACE_SECONDS,
+    SHUTDOWN_TIMEOUT_ENV,
+    default_env,
+    is_reserved,
+    rendezvous_env,
+)
 from kubetrain.api.models import GPU_RESOURCE, TrainingJob
 from kubetrain.api.podtemplate import PodTemplate
 from kubetrain.api.training import CONFIG_ENV
@@ -119,7 +127,10 @@ def _env(job: TrainingJob, namespace: str, node_rank: int, settings: RenderSetti
         nproc_per_node=spec.procs_per_node,
     )
     env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in contract.items()]
-    env.extend({"name": name, "value": value} for name, value in default_env({v.name for v in spec.env or []}).items())
+    user_names = {v.name for v in spec.env or []}
+    env.extend({"name": name, "value": value} for name, value in default_env(user_names).items())
+    if SHUTDOWN_TIMEOUT_ENV not in user_names:
+        env.append({"name": SHUTDOWN_TIMEOUT_ENV, "value": str(grace_seconds(job))})
     env.append({"name": CONFIG_ENV, "value": spec.trainer_config().to_env_value()})
     env.append({"name": CHECKPOINT_DIR_ENV, "value": spec.checkpoint.dir})
     for var in spec.env or []:
@@ -127,6 +138,13 @@ def _env(job: TrainingJob, namespace: str, node_rank: int, settings: RenderSetti
         assert not is_reserved(var.name), f"reserved env name {var.name!r} reached the renderer"
         env.append(var.wire())
     return env
+
+
+def grace_seconds(job: TrainingJob) -> int:
+    """The pods' terminationGracePeriodSeconds: the template's, else kubetrain's default."""
+    template = job.spec.template.spec if job.spec.template else None
+    given = template.termination_grace_period_seconds if template else None
+    return DEFAULT_GRACE_SECONDS if given is None else given
 
 
 def quantity(value: int | str) -> str:
@@ -200,6 +218,8 @@ def render_pod(
         # Service links would add dozens of *_PORT variables next to the contract.
         "enableServiceLinks": False,
         "automountServiceAccountToken": spec.service_account_name is not None,
+        # Time to checkpoint the current step after SIGTERM (api/contract.py); a template may set its own.
+        "terminationGracePeriodSeconds": grace_seconds(job),
         "containers": [container],
         "volumes": [
             _checkpoint_volume(job),

@@ -11,7 +11,7 @@ callers fold from rank 0's records with `kubetrain.api.records.fold`).
 the README repeats, stand beside the stages that implement them.)
 
 `decide` is a dispatcher over named stages, each returning the Decision once it decided:
-finished (cleanup, TTL) → suspend → resume → gang mode (operator/gang.py) → first problem →
+finished (cleanup, TTL) → suspend → resume → gang mode (operator/podgroup.py) → first problem →
 restart-or-fail → success → stragglers → timeouts → stalled → placement (PodsScheduled) → converge (create
 what is missing, delete older attempts).
 
@@ -58,7 +58,7 @@ from kubetrain.api.models import (
     TrainingJob,
     TrainingJobStatus,
 )
-from kubetrain.operator import gang
+from kubetrain.operator import podgroup
 from kubetrain.operator.conditions import derive_phase, get_condition, is_true, set_condition
 from kubetrain.operator.decision import DEFAULT_POLICY, Decision, Event, Hold, Policy, StaleView
 from kubetrain.operator.failures import (
@@ -66,6 +66,7 @@ from kubetrain.operator.failures import (
     completed,
     describe,
     failure_of,
+    is_disruption,
     judge,
     stall_due,
     stall_failure,
@@ -218,18 +219,18 @@ def _resume(run: _Pass) -> None:
 
 
 def _choose_gang(run: _Pass) -> str | None:
-    """Before an attempt's first pod, record its gang mode (operator/gang.py) in the
+    """Before an attempt's first pod, record its gang mode (operator/podgroup.py) in the
     GangScheduling condition; the message that fails the job when the mode cannot be had."""
     served = run.policy.group_apis
     if served is None or run.current:
         return None
-    choice = gang.choose(run.job.spec, served)
+    choice = podgroup.choose(run.job.spec, served)
     if choice.mode is None:
         return choice.message
     grouped = choice.mode != "none"
     # The condition says which mode every job got; only the gang's start is worth an Event.
-    if run.condition(gang.CONDITION, grouped, choice.reason, choice.message) and grouped:
-        run.decision.events.append(Event("Normal", gang.CONDITION, choice.message))
+    if run.condition(podgroup.CONDITION, grouped, choice.reason, choice.message) and grouped:
+        run.decision.events.append(Event("Normal", podgroup.CONDITION, choice.message))
     return None
 
 
@@ -286,6 +287,9 @@ def _restart_or_fail(run: _Pass, problem: Problem, service_exists: bool) -> Deci
     verdict = judge(policy.failure_policy, failure, conditions)
     status.failures = [*(status.failures or []), failure][-MAX_FAILURES_KEPT:]
     run.decision.commit_first = True
+    if not is_disruption(failure, conditions):
+        # The survivors of a crash or a stall cannot checkpoint: no reason to wait for them.
+        run.decision.delete_grace_seconds = run.policy.failed_gang_grace_seconds
     if verdict.action == "FailJob":
         return _finish(run, False, "FailurePolicy", f"{describe(failure)}; failed by {verdict.rule}")
     counted = verdict.action == "RestartJob"

@@ -83,14 +83,18 @@ PACKAGES = {
 }
 
 
-def _module_imports() -> dict[str, set[str]]:
-    """kubetrain module -> the kubetrain modules it imports at module level (not inside functions:
-    those are the CLI's lazy imports, which cannot form an import-time cycle)."""
-    sources = {
+def _sources() -> dict[str, Path]:
+    return {
         (package if path.stem == "__init__" else f"{package}.{path.stem}"): path
         for folder, package in PACKAGES.items()
         for path in (ROOT / folder).glob("*.py")
     }
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """kubetrain module -> the kubetrain modules it imports at module level (not inside functions:
+    those are the CLI's lazy imports, which cannot form an import-time cycle)."""
+    sources = _sources()
     graph: dict[str, set[str]] = {}
     for name, path in sources.items():
         targets: set[str] = set()
@@ -151,3 +155,32 @@ def test_test_module_basenames_are_unique() -> None:
     # test_x.py in different folders make the whole collection fail ("import file mismatch").
     names = [path.name for path in (ROOT / "tests").rglob("test_*.py")]
     assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)
+
+
+# The operator's decisions (STYLE.md: pure rendering and deciding, side effects in one place):
+# neither they nor anything they import talks to the cluster or waits on an event loop.
+PURE = ["conditions", "decision", "failures", "kueue", "podgroup", "pods", "progress", "refusal", "render", "status"]
+IO = {"aiohttp", "asyncio", "kopf", "kubernetes"} | {
+    f"kubetrain.operator.{name}"
+    for name in ("controller", "handlers", "informer", "kube", "kueue_io", "podgroup_io", "run", "workqueue")
+}
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_the_operators_decisions_reach_no_io(module: str) -> None:
+    graph, sources = _module_imports(), _sources()
+    reached, todo = set(), [f"kubetrain.operator.{module}"]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo += graph.get(name, ())
+    libraries = {
+        (alias.name if isinstance(node, ast.Import) else node.module or "").split(".")[0]: name
+        for name in reached & sources.keys()
+        for node in ast.parse(sources[name].read_text()).body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    assert reached & IO == set()
+    assert {library: by for library, by in libraries.items() if library in IO} == {}

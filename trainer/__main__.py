@@ -4,6 +4,10 @@ The configuration comes from `--config` (YAML or JSON, camelCase as in a Trainin
 else from the KUBETRAIN_CONFIG env var the operator renders. Exit status 0 on success, 1
 on any failure, 2 on a usage error; the error is logged on every rank that saw it.
 
+On SIGTERM or SIGINT every rank stops at one optimizer-step boundary, rank 0 checkpoints that
+step, and every rank exits with 143 (kubetrain.trainer.stopping): a deleted, evicted, drained,
+preempted or suspended pod loses no step.
+
 The process ends with `os._exit` once the outcome is known and its output flushed: after
 `finish` every rank has passed the last collective and rank 0's checkpoint and records are
 durable, so destructors have nothing left to do but can still hang or abort. torch before
@@ -48,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kubetrain.trainer.checkpoint import CheckpointError
     from kubetrain.trainer.metrics import MetricsLogger, configure_logging, log
     from kubetrain.trainer.preflight import PreflightError, run_preflight
+    from kubetrain.trainer.stopping import EXIT_STOPPED, Stopped
     from kubetrain.trainer.train import train
 
     # Only for the log prefix: a malformed RANK is reported by setup() as a contract error.
@@ -69,7 +74,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             finally:
                 metrics.close()
         if args.command == "train":
-            train(config, ctx)
+            try:
+                train(config, ctx)
+            except Stopped as stopped:
+                log.warning("%s; checkpoint of step %d written, exiting %d", stopped, stopped.step, EXIT_STOPPED)
+                # Rank 0's checkpoint is durable once everyone passed this barrier.
+                kdist.barrier(ctx)
+                return EXIT_STOPPED
         kdist.finish(ctx, destroy=False)
         return 0
     except (kdist.ContractError, CheckpointError, PreflightError) as exc:

@@ -203,6 +203,8 @@ class Checkpointer:
         self.every_seconds = every_seconds
         # The newest step on disk (None before the first save or resume), and when it was written.
         self.last_step: int | None = None
+        # Why the checkpoint `load` resumed was taken (its meta.json; rank 0 only).
+        self.loaded_reason: str | None = None
         self._last_time = time.monotonic()
 
     def time_vote(self) -> bool:
@@ -217,8 +219,9 @@ class Checkpointer:
             return False
         return (self.every_steps is not None and step % self.every_steps == 0) or time_vote
 
-    def save(self, step: int, state: dict[str, Any]) -> Path | None:
-        """Write `step-<step>/` on rank 0; returns its path there, None elsewhere."""
+    def save(self, step: int, state: dict[str, Any], *, reason: str | None = None) -> Path | None:
+        """Write `step-<step>/` on rank 0; returns its path there, None elsewhere. `reason`
+        (why it was taken: periodic, epoch, final, signal) is kept in its meta.json."""
         self.last_step, self._last_time = step, time.monotonic()
         mine = rng_state(self.generators)
         ranks: list[Any] = [mine]
@@ -227,7 +230,7 @@ class Checkpointer:
             dist.gather_object(mine, ranks if self.rank == 0 else None, dst=0)
         if self.rank != 0:
             return None
-        meta = {"fingerprint": self.fingerprint, "world_size": self.world_size}
+        meta = {"fingerprint": self.fingerprint, "world_size": self.world_size, "reason": reason}
         path = write_checkpoint(self.directory, step, {"state": state, "ranks": ranks}, meta)
         prune(self.directory, self.keep)
         return path
@@ -255,6 +258,7 @@ class Checkpointer:
                 try:
                     payload, meta = read_checkpoint(path)
                     message = [self._check(path, meta), str(path), payload]
+                    self.loaded_reason = meta.get("reason")
                 except Exception as exc:  # an unreadable newest checkpoint must stop every rank
                     message = [f"cannot load {path}: {type(exc).__name__}: {exc}", str(path), None]
         if self.world_size > 1:

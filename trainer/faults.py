@@ -5,6 +5,8 @@
     KUBETRAIN_FAULT="kill,rank=1,step=30"          ... SIGKILLs itself (a segfault-like death, 137)
     KUBETRAIN_FAULT="raise,rank=1,step=30"         ... raises (a Python exception: the trainer exits 1)
     KUBETRAIN_FAULT="hang,rank=1,step=30"          ... blocks forever outside any collective
+    KUBETRAIN_FAULT="slow,rank=0,step=30,ms=500"   ... and every step after it takes 500 ms longer (a
+                                                   slow rank; the run still trains, and stays stoppable)
 
 A fault fires once per job: before firing, the rank writes a marker under
 `<checkpoint.dir>/.faults/`, and a later attempt that finds it trains on. (The checkpoint
@@ -29,7 +31,7 @@ from typing import Literal, get_args
 
 from kubetrain.api.contract import FAULT_ENV as ENV
 
-Kind = Literal["exit", "kill", "raise", "hang"]
+Kind = Literal["exit", "kill", "raise", "hang", "slow"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
 log = logging.getLogger("kubetrain.trainer")
@@ -50,6 +52,7 @@ class Fault:
     step: int
     code: int = 1
     once: bool = True
+    ms: int = 0
 
     @property
     def key(self) -> str:
@@ -57,21 +60,21 @@ class Fault:
 
 
 def parse(text: str) -> Fault:
-    """`kind,rank=R,step=N[,code=C][,once=true|false]`."""
+    """`kind,rank=R,step=N[,code=C][,ms=M][,once=true|false]`."""
     kind, *pairs = [part.strip() for part in text.split(",")]
     if kind not in KINDS:
         raise FaultSpecError(f"{ENV}={text!r}: kind {kind!r} is not one of {', '.join(KINDS)}")
     fields: dict[str, str] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
-        if not sep or name not in ("rank", "step", "code", "once"):
-            raise FaultSpecError(f"{ENV}={text!r}: {pair!r} is not rank=, step=, code= or once=")
+        if not sep or name not in ("rank", "step", "code", "ms", "once"):
+            raise FaultSpecError(f"{ENV}={text!r}: {pair!r} is not rank=, step=, code=, ms= or once=")
         fields[name] = value
     for required in ("rank", "step"):
         if required not in fields:
             raise FaultSpecError(f"{ENV}={text!r}: {required}= is missing")
     numbers: dict[str, int] = {}
-    for name in ("rank", "step", "code"):
+    for name in ("rank", "step", "code", "ms"):
         if name in fields:
             try:
                 numbers[name] = int(fields[name])
@@ -82,7 +85,16 @@ def parse(text: str) -> Fault:
     once = fields.get("once", "true").lower()
     if once not in ("true", "false"):
         raise FaultSpecError(f"{ENV}={text!r}: once={once!r} is not true or false")
-    return Fault(kind, numbers["rank"], numbers["step"], numbers.get("code", 1), once == "true")  # type: ignore[arg-type]
+    if kind == "slow" and numbers.get("ms", 0) <= 0:
+        raise FaultSpecError(f"{ENV}={text!r}: slow needs ms= (the delay per step, in milliseconds)")
+    return Fault(
+        kind,  # type: ignore[arg-type]
+        numbers["rank"],
+        numbers["step"],
+        numbers.get("code", 1),
+        once == "true",
+        numbers.get("ms", 0),
+    )
 
 
 def from_env_checked(environ: dict[str, str] | None = None) -> Fault | None:
@@ -96,6 +108,7 @@ class FaultPoint:
 
     def __init__(self, fault: Fault | None, rank: int, marker_dir: Path | None) -> None:
         self.fault = fault if fault is not None and fault.rank == rank else None
+        self.slowing = False
         self.marker = marker_dir / ".faults" / self.fault.key if self.fault and marker_dir else None
         if self.fault is not None and self.fault.once and self.marker is not None and self.marker.exists():
             log.info("%s %s already fired in an earlier attempt: not again", ENV, self.fault.key)
@@ -106,9 +119,18 @@ class FaultPoint:
         return cls(from_env_checked(environ), rank, Path(marker_dir) if marker_dir else None)
 
     def reached(self, step: int) -> None:
-        if self.fault is None or step != self.fault.step:
+        if self.fault is None:
             return
-        fault, self.fault = self.fault, None
+        if self.slowing:
+            time.sleep(self.fault.ms / 1000)
+            return
+        if step != self.fault.step:
+            return
+        fault = self.fault
+        if fault.kind == "slow":
+            self.slowing = True
+        else:
+            self.fault = None
         if self.marker is not None:
             self.marker.parent.mkdir(parents=True, exist_ok=True)
             with open(self.marker, "w") as out:
@@ -124,5 +146,8 @@ class FaultPoint:
             os.kill(os.getpid(), signal.SIGKILL)
         if fault.kind == "raise":
             raise InjectedFault(f"{ENV}: injected failure at step {step}")
+        if fault.kind == "slow":
+            time.sleep(fault.ms / 1000)
+            return
         while True:  # hang: outside any collective, as a stuck data loader or a deadlocked user thread would
             time.sleep(3600)

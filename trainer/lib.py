@@ -12,6 +12,11 @@
         if ckpt.due(step):
             ckpt.save(step, {"model": model.module.state_dict(), "step": step})
         lib.log0(ctx, "step", step=step, epoch=epoch, loss=loss)
+        if stop.agreed():                               # SIGTERM on any rank (pod deleted, evicted, ...)
+            ckpt.save(step, {...}, reason="signal")     # this step: no step lost
+            stop.exit()                                 # every rank exits EXIT_STOPPED (143)
+
+with `stop = lib.StopSignal(ctx)` made once, on every rank, before the loop (kubetrain.trainer.stopping).
 
 Every function here is collective where it says so and safe to call on every rank otherwise.
 """
@@ -29,16 +34,19 @@ from kubetrain.trainer.checkpoint import Checkpointer, CheckpointError, latest_c
 from kubetrain.trainer.data import ShardedLoader, eval_loader, sharded_loader
 from kubetrain.trainer.dist import ContractError, DistContext, barrier, distributed, finish, setup, teardown
 from kubetrain.trainer.metrics import MetricsLogger, configure_logging
+from kubetrain.trainer.stopping import EXIT_STOPPED, StopSignal
 from kubetrain.trainer.train import accumulate_gradients, evaluate
 
 __all__ = [
     "DDP",
+    "EXIT_STOPPED",
     "CheckpointError",
     "Checkpointer",
     "ContractError",
     "DistContext",
     "MetricsLogger",
     "ShardedLoader",
+    "StopSignal",
     "accumulate_gradients",
     "barrier",
     "checkpoint_dir",

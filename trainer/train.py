@@ -27,6 +27,7 @@ from kubetrain.trainer.dist import DistContext
 from kubetrain.trainer.faults import FaultPoint
 from kubetrain.trainer.metrics import MetricsLogger, log
 from kubetrain.trainer.model import build_model
+from kubetrain.trainer.stopping import Stopped, StopSignal
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -180,6 +181,7 @@ class Run:
     steps_per_epoch: int
     total_steps: int
     fault: FaultPoint  # KUBETRAIN_FAULT (drills and tests); inert without it
+    stop: StopSignal  # SIGTERM/SIGINT: every rank stops at one step boundary, checkpointed
 
     def state_dict(self, state: TrainState) -> dict[str, Any]:
         return {
@@ -265,6 +267,7 @@ def build(config: TrainConfig, ctx: DistContext) -> Run:
         steps_per_epoch=steps_per_epoch,
         total_steps=total_steps,
         fault=FaultPoint.from_env(rank, ckpt.dir),
+        stop=StopSignal(ctx),
     )
 
 
@@ -277,14 +280,17 @@ def load(run: Run) -> TrainState:
     fields = {"world_size": world, "backend": backend, "resumed_from": resumed_from}
     run.metrics.emit("start", step=state.step, epoch=state.epoch, **fields)
     if resumed_from is not None:
-        run.metrics.emit("resume", step=state.step, epoch=state.epoch, path=resumed_from)
+        reason = run.checkpointer.loaded_reason
+        run.metrics.emit("resume", step=state.step, epoch=state.epoch, path=resumed_from, reason=reason)
     return state
 
 
-def save(run: Run, state: TrainState) -> None:
-    path = run.checkpointer.save(state.step, run.state_dict(state))
+def save(run: Run, state: TrainState, reason: str) -> None:
+    """Collective: rank 0 writes the checkpoint; `reason` (periodic, epoch, final, signal) goes
+    into its meta.json and its record, and from there into status.lastCheckpoint."""
+    path = run.checkpointer.save(state.step, run.state_dict(state), reason=reason)
     if path is not None:
-        run.metrics.emit("checkpoint", step=state.step, epoch=state.epoch, path=str(path))
+        run.metrics.emit("checkpoint", step=state.step, epoch=state.epoch, path=str(path), reason=reason)
 
 
 def evaluate_and_log(run: Run, state: TrainState) -> float:
@@ -324,10 +330,14 @@ def train_epoch(run: Run, state: TrainState, window: LogWindow) -> bool:
         window.add(train_step(run, micro, state))
         run.fault.reached(state.step)
         time_vote = log_if_due(run, state, window)
+        if run.stop.agreed():
+            with window.paused():
+                save(run, state, "signal")
+            raise Stopped(state.step, run.stop.received)
         # The epoch-end save covers a save due on an epoch's last step.
         if state.batch_in_epoch < batches_per_epoch and run.checkpointer.due(state.step, time_vote=time_vote):
             with window.paused():
-                save(run, state)
+                save(run, state, "periodic")
     return state.batch_in_epoch == batches_per_epoch
 
 
@@ -340,7 +350,7 @@ def loop(run: Run, state: TrainState, window: LogWindow) -> float | None:
         with window.paused():
             accuracy = evaluate_and_log(run, state)
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-            save(run, state)
+            save(run, state, "epoch")
     return accuracy
 
 
@@ -352,8 +362,9 @@ def train(config: TrainConfig, ctx: DistContext) -> dict[str, Any]:
         spec = run.spec
         window = LogWindow(ctx.device, ctx.world_size, spec.batch_size * spec.grad_accum_steps * ctx.world_size)
         accuracy = loop(run, state, window)
+        run.stop.close()
         if run.checkpointer.last_step != state.step:
-            save(run, state)
+            save(run, state, "final")
         if accuracy is None or state.batch_in_epoch != 0:
             accuracy = evaluate_and_log(run, state)
         done = {"loss": window.last_loss, "accuracy": accuracy}

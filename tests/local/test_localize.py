@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from support.jobs import DIGITS_CPU, fake_job, write_job
 from kubetrain.api.manifest import load
 from kubetrain.api.training import CONFIG_ENV, TrainConfig
 from kubetrain.local import plan as local
+from kubetrain.local.localize import SITE_DIR
 from kubetrain.operator import render
 
 
@@ -38,11 +40,13 @@ def test_only_the_rewrite_table_differs_from_the_rendered_pods(tmp_path: Path) -
             "CUDA_VISIBLE_DEVICES",
             "OMP_NUM_THREADS",
             "PYTHONUNBUFFERED",
+            "PYTHONPATH",
         }
         assert set(node.rewritten) == changed
         assert node.env["MASTER_ADDR"] == node.env["PET_MASTER_ADDR"] == "127.0.0.1"
         assert node.env["MASTER_PORT"] == node.env["PET_MASTER_PORT"] == "41234"
         assert node.env["CUDA_VISIBLE_DEVICES"] == ""
+        assert node.env["PYTHONPATH"].split(os.pathsep)[0] == str(SITE_DIR), "the torchrun hooks come first"
         config, cluster_config = (TrainConfig.model_validate_json(e[CONFIG_ENV]) for e in (node.env, cluster))
         local_dir = str((tmp_path / "run" / "checkpoints").resolve())
         assert config.checkpoint.dir == node.env["KUBETRAIN_CHECKPOINT_DIR"] == local_dir

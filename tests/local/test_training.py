@@ -14,7 +14,7 @@ import psutil
 import pytest
 import torch
 from support.jobs import DIGITS_CPU, digits_job, write_job
-from support.local_runs import alive, records, run_cli, start_run, summary
+from support.local_runs import alive, records, run_cli, run_status, start_run, summary
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -109,3 +109,48 @@ def test_sigint_mid_training_leaves_no_process(tmp_path: Path) -> None:
     assert proc.returncode == 130, out[-4000:]
     assert not [pid for pid, created in seen if alive(pid, created)]
     assert summary(run_dir)["outcome"] == "Interrupted"
+
+
+# Periodic saves off: only epoch ends (every 22 steps) and the stop save a step when asked.
+# From step 30 on rank 0 takes 0.3 s a step (KUBETRAIN_FAULT slow): the run cannot end before
+# the test's SIGINT, by construction.
+STOP_JOB = {"epochs": 4, "logEverySteps": 1}
+SLOW = "slow,rank=0,step=30,ms=300"
+
+
+def test_ctrl_c_checkpoints_the_current_step_and_a_rerun_loses_none(tmp_path: Path) -> None:
+    job = digits_job(**STOP_JOB)
+    job["spec"]["checkpoint"]["everySteps"] = 1_000_000
+    reference_file = write_job(tmp_path, job)
+    slow = copy.deepcopy(job)
+    slow["spec"]["env"] = [{"name": "KUBETRAIN_FAULT", "value": SLOW}]
+    slow_file = write_job(tmp_path, slow, "slow.yaml")
+
+    reference = start_run(reference_file, tmp_path / "reference")
+    out, _ = reference.communicate(timeout=300)
+    assert reference.returncode == 0, out[-4000:]
+
+    run_dir = tmp_path / "stopped"
+    proc = start_run(slow_file, run_dir)
+    wait_for((run_dir / "checkpoints" / ".faults" / "slow-rank0-step30").exists, 240, "rank 0 slowed", proc=proc)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)  # well within the pods' 120 s grace: no SIGKILL needed
+    assert proc.returncode == 130, out[-4000:]
+    first = records(run_dir)
+    reached = max(r["step"] for r in first if r["event"] == "step")
+    (saved,) = [r for r in first if r["event"] == "checkpoint" and r.get("reason") == "signal"]
+    assert saved["step"] == reached > 30, "the stop saved the last step trained, and nothing ran after it"
+    assert run_status(run_dir).last_checkpoint.reason == "signal"  # type: ignore[union-attr]
+    assert "exiting 143" in (run_dir / "node-0.log").read_text()
+
+    again = start_run(slow_file, run_dir)  # the same run dir: it resumes (the fault fired already)
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, out[-4000:]
+    resumed = [r for r in records(run_dir) if r["event"] == "resume"]
+    assert [r["step"] for r in resumed] == [reached], "0 steps lost"
+    assert resumed[0]["reason"] == "signal"
+
+    expected, got = final_state(tmp_path / "reference")["state"], final_state(run_dir)["state"]
+    assert got["step"] == expected["step"]
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, got["model"][name]), f"{name} differs after the stopped and resumed run"

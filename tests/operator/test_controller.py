@@ -16,7 +16,7 @@ from support.jobs import valid_job
 
 from kubetrain.api.models import TrainingJob
 from kubetrain.operator import controller as controller_module
-from kubetrain.operator import gang
+from kubetrain.operator import podgroup
 from kubetrain.operator.controller import LAST_APPLIED, Controller, JobState
 from kubetrain.operator.kube import ApiError, Refused
 from kubetrain.operator.pods import PodView
@@ -48,6 +48,7 @@ class FakeKube:
         self.lists: list[str] = []  # label selectors of the pod lists
         self.vanished: set[str] = set()  # created pods a list no longer returns
         self.deleted: list[str] = []
+        self.graces: list[int | None] = []
 
     async def serves(self, api_version: str, plural: str) -> bool:
         self.discoveries += 1
@@ -77,8 +78,9 @@ class FakeKube:
     async def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append((type_, reason))
 
-    async def delete_pod(self, namespace: str, name: str, uid: str | None) -> None:
+    async def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None) -> None:
         self.deleted.append(name)
+        self.graces.append(grace_seconds)
 
     async def list(self, path: str, query: dict[str, str]) -> dict[str, Any]:
         """The pods created and not `vanished`, as the API server would list them."""
@@ -367,7 +369,7 @@ def test_discovery_is_asked_once_for_a_burst_of_jobs() -> None:
         await asyncio.gather(*(controller.reconcile(key) for key in list(controller.jobs)))
 
     asyncio.run(burst())
-    assert kube.discoveries == len(gang.APIS) and len(kube.statuses) == 3  # one per PodGroup API
+    assert kube.discoveries == len(podgroup.APIS) and len(kube.statuses) == 3  # one per PodGroup API
 
 
 def test_a_coscheduling_gang_labels_its_pods_with_the_scheduler_plugins_podgroup() -> None:

@@ -41,7 +41,7 @@ def failure(exit_code: int | None = 1, reason: str = "Error") -> Failure:
             (),
             "RestartJobAndIgnoreMaxRestarts",
             "the default failure policy (RestartJobAndIgnoreMaxRestarts on reason Evicted or Preempted or NodeLost "
-            "or Terminated)",
+            "or Terminated or PodDeleted)",
         ),
         # Kubernetes' semantics: no exit code matches neither operator; 0 never matches NotIn.
         (

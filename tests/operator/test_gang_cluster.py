@@ -22,7 +22,7 @@ from support.tools import missing_tool
 from support.waiting import wait_for
 
 from kubetrain.api import naming
-from kubetrain.operator import gang
+from kubetrain.operator import podgroup
 
 pytestmark = pytest.mark.cluster
 
@@ -44,8 +44,8 @@ def gang_plane() -> Iterator[ControlPlane]:
     cp = controlplane.start(
         bin_dir=bin_dir,
         scheduler=True,
-        feature_gates=dict.fromkeys(gang.FEATURE_GATES, True),
-        runtime_config=[f"{gang.NATIVE.api_version}=true"],
+        feature_gates=dict.fromkeys(podgroup.FEATURE_GATES, True),
+        runtime_config=[f"{podgroup.NATIVE.api_version}=true"],
     )
     try:
         controlplane.install_crds(cp, ROOT / "crds")
@@ -116,7 +116,7 @@ def test_native_gang_runs_one_job_whole_and_the_other_not_at_all(
     wait_for(lambda: len(bound(cluster, winner)) == 2, 30, f"both pods of {winner} bound")
     assert bound(cluster, loser) == []
     stored = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        gang.NATIVE.group, gang.NATIVE.version, cluster.namespace, gang.NATIVE.plural, f"{winner}-0"
+        podgroup.NATIVE.group, podgroup.NATIVE.version, cluster.namespace, podgroup.NATIVE.plural, f"{winner}-0"
     )
     assert stored["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
     assert stored["spec"]["disruptionMode"] == "Pod"  # PodGroup needs the WorkloadAwarePreemption gate
@@ -124,7 +124,7 @@ def test_native_gang_runs_one_job_whole_and_the_other_not_at_all(
     for job in (winner, loser):
         assert podgroups(api, cluster, job) == [f"{job}-0"]
         assert {p.spec.scheduling_group.pod_group_name for p in cluster.live_pods(job)} == {f"{job}-0"}
-        assert condition(cluster.job(job) or {}, gang.CONDITION)["reason"] == "PodGroup"  # type: ignore[index]
+        assert condition(cluster.job(job) or {}, podgroup.CONDITION)["reason"] == "PodGroup"  # type: ignore[index]
 
     kubelet = FakeKubelet(api)
     for pod in cluster.live_pods(winner):
@@ -146,7 +146,7 @@ def test_without_gang_the_second_job_sits_half_placed_holding_a_cpu(
     wait_for(lambda: len(bound(cluster, whole)) == 2 and len(bound(cluster, half)) == 1, 30, "three pods bound")
     # Half of `half` holds the third CPU and can do nothing with it until `whole` ends: with
     # two such jobs each half-placed on a full cluster, neither ever would (the deadlock).
-    assert condition(cluster.job(half) or {}, gang.CONDITION)["reason"] == "Disabled"  # type: ignore[index]
+    assert condition(cluster.job(half) or {}, podgroup.CONDITION)["reason"] == "Disabled"  # type: ignore[index]
     assert [p.spec.scheduling_group for p in cluster.live_pods(half)] == [None, None]
 
 
@@ -240,7 +240,7 @@ def test_a_gang_larger_than_the_cluster_binds_nothing_and_fails_at_the_schedulin
 
 
 def podgroups(api: Any, cluster: Cluster, job: str) -> list[str]:
-    native, selector = gang.NATIVE, f"{naming.LABEL_JOB}={job}"
+    native, selector = podgroup.NATIVE, f"{naming.LABEL_JOB}={job}"
     found = client.CustomObjectsApi(api).list_namespaced_custom_object(
         native.group, native.version, cluster.namespace, native.plural, label_selector=selector
     )["items"]
@@ -273,13 +273,19 @@ def test_coscheduling_creates_the_scheduler_plugins_podgroup(
     plugins = "scheduler-plugins-scheduler"
     cluster.create_job("c", nodes=2, resources=ONE_CPU, scheduling={"gang": "coscheduling"}, schedulerName=plugins)
     pods = cluster.wait_pods("c", 2, attempt=0)
-    assert {(p.metadata.labels[gang.COSCHEDULING_LABEL], p.spec.scheduler_name) for p in pods} == {("c-0", plugins)}
+    assert {(p.metadata.labels[podgroup.COSCHEDULING_LABEL], p.spec.scheduler_name) for p in pods} == {("c-0", plugins)}
     assert all(p.spec.scheduling_group is None for p in pods)
     stored = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        gang.COSCHEDULING.group, gang.COSCHEDULING.version, cluster.namespace, gang.COSCHEDULING.plural, "c-0"
+        podgroup.COSCHEDULING.group,
+        podgroup.COSCHEDULING.version,
+        cluster.namespace,
+        podgroup.COSCHEDULING.plural,
+        "c-0",
     )
     assert stored["spec"]["minMember"] == 2
     assert [o["name"] for o in stored["metadata"]["ownerReferences"]] == ["c"]
-    job = cluster.wait_job("c", has_condition(gang.CONDITION, reason="Coscheduling"), "GangScheduling (Coscheduling)")
+    job = cluster.wait_job(
+        "c", has_condition(podgroup.CONDITION, reason="Coscheduling"), "GangScheduling (Coscheduling)"
+    )
     assert "GangScheduling" in [e.reason for e in cluster.events("c")]
     assert condition(job, "PodsScheduled") is None  # no scheduler has looked at the pods

@@ -78,6 +78,8 @@ def test_pod_env_contract_exact() -> None:
         {"name": "LOCAL_RANK", "value": "0"},
         {"name": "LOCAL_WORLD_SIZE", "value": "1"},
         {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+        # torchrun gives its workers the pod's whole grace period to checkpoint after SIGTERM.
+        {"name": "PET_SHUTDOWN_TIMEOUT", "value": "120"},
         {"name": "KUBETRAIN_CONFIG", "value": j.spec.trainer_config().to_env_value()},
         {"name": "KUBETRAIN_CHECKPOINT_DIR", "value": "/checkpoints"},
         {"name": "FOO", "value": "bar"},

@@ -143,6 +143,29 @@ def test_deleted_or_stuck_pod_restarts_the_gang(change: dict[str, Any], reason: 
     assert d.status.attempt == 1 and (d.status.failures or [])[-1].reason == reason
 
 
+@pytest.mark.parametrize(
+    ("change", "grace", "counts"),
+    [
+        # A deleted pod: the gang is whole, the rest get their own grace to checkpoint; not counted.
+        ({"terminating": True}, None, (0, 1)),
+        # A crash: the survivors cannot checkpoint; a short grace, counted.
+        ({"phase": "Failed", "exit_code": 1}, DEFAULT_POLICY.failed_gang_grace_seconds, (1, 0)),
+    ],
+    ids=["deleted", "crashed"],
+)
+def test_a_disruption_keeps_the_pods_grace_and_a_crash_does_not(
+    change: dict[str, Any], grace: int | None, counts: tuple[int, int]
+) -> None:
+    job, pods = running_job()
+    pods[1] = pod_view(job, 1, **{"phase": "Running", **change})
+    d = step(job, pods, T0 + timedelta(minutes=1))
+    # The deleted pod is on its way already; the others go (and a failed one, which holds its name).
+    doomed = {"j-node-0", "j-node-2"} | ({"j-node-1"} if "exit_code" in change else set())
+    assert d.status.attempt == 1 and {n for n, _ in d.delete_pods} == doomed
+    assert d.delete_grace_seconds == grace
+    assert (d.status.restarts, d.status.uncounted_restarts) == counts
+
+
 def test_missing_pod_after_all_were_seen_is_a_deletion() -> None:
     job, pods = running_job()
     d = step(job, pods[:2])

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.unit
         ("exit, rank=0, step=5, code=3", Fault("exit", 0, 5, code=3)),
         ("hang,rank=2,step=1,once=false", Fault("hang", 2, 1, once=False)),
         ("kill,step=7,rank=1", Fault("kill", 1, 7)),
+        ("slow,rank=0,step=20,ms=250", Fault("slow", 0, 20, ms=250)),
     ],
 )
 def test_parse(text: str, fault: Fault) -> None:
@@ -33,7 +34,8 @@ def test_parse(text: str, fault: Fault) -> None:
         ("exit,step=1", "rank= is missing"),
         ("exit,rank=one,step=1", "rank='one' is not an integer"),
         ("exit,rank=1,step=-1", "step must not be negative"),
-        ("exit,rank=1,step=1,after=3", "'after=3' is not rank=, step=, code= or once="),
+        ("exit,rank=1,step=1,after=3", "'after=3' is not rank=, step=, code=, ms= or once="),
+        ("slow,rank=1,step=1", "slow needs ms="),
         ("exit,rank=1,step=1,once=maybe", "once='maybe' is not true or false"),
     ],
 )
@@ -64,3 +66,12 @@ def test_a_job_may_set_the_fault_variable_but_no_other_kubetrain_name() -> None:
     assert EnvVar(name="KUBETRAIN_FAULT", value="exit,rank=1,step=3").name == "KUBETRAIN_FAULT"
     with pytest.raises(ValueError, match="reserved"):
         EnvVar(name="KUBETRAIN_CONFIG", value="{}")
+
+
+def test_a_slow_rank_sleeps_after_every_step_from_its_step_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    naps: list[float] = []
+    monkeypatch.setattr("kubetrain.trainer.faults.time.sleep", naps.append)
+    point = FaultPoint.from_env(0, tmp_path, {"KUBETRAIN_FAULT": "slow,rank=0,step=3,ms=250"})
+    for step in range(1, 6):
+        point.reached(step)
+    assert naps == [0.25, 0.25, 0.25]  # steps 3, 4 and 5

@@ -1,4 +1,4 @@
-"""spec.scheduling.gang: the mode each job gets (operator/gang.py), the PodGroup it renders, and
+"""spec.scheduling.gang: the mode each job gets (operator/podgroup.py), the PodGroup it renders, and
 how decide() records the choice and the scheduler's Unschedulable message."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from support.pods import JOB_UID as UID
 from support.pods import T0, pod_view
 
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
-from kubetrain.operator import gang
+from kubetrain.operator import podgroup
 from kubetrain.operator.render import owner_reference
 from kubetrain.operator.status import Decision, Policy, decide, get_condition
 
@@ -45,12 +45,12 @@ PLUGINS = "scheduler-plugins-scheduler"
 )
 def test_choose(asked: str, scheduler: str | None, served: frozenset[str], mode: str | None, reason: str) -> None:
     spec = job_model("j", scheduling={"gang": asked}, schedulerName=scheduler).spec
-    choice = gang.choose(spec, served)
+    choice = podgroup.choose(spec, served)
     assert (choice.mode, choice.reason) == (mode, reason)
 
 
 def test_the_missing_api_is_named_with_its_feature_gates() -> None:
-    message = gang.choose(job_model("j", scheduling={"gang": "native"}).spec, NOTHING).message
+    message = podgroup.choose(job_model("j", scheduling={"gang": "native"}).spec, NOTHING).message
     assert "scheduling.k8s.io/v1alpha2 PodGroup is not served" in message
     assert "--runtime-config=scheduling.k8s.io/v1alpha2=true" in message
     assert "GenericWorkload=true,GangScheduling=true" in message
@@ -62,7 +62,7 @@ def test_the_default_is_auto() -> None:
 
 def test_render_podgroup() -> None:
     job = job_model("j", nodes=4)
-    assert gang.render_podgroup(job, "ns", UID, 3, "native") == {
+    assert podgroup.render_podgroup(job, "ns", UID, 3, "native") == {
         "apiVersion": "scheduling.k8s.io/v1alpha2",
         "kind": "PodGroup",
         "metadata": {
@@ -78,11 +78,11 @@ def test_render_podgroup() -> None:
         },
         "spec": {"schedulingPolicy": {"gang": {"minCount": 4}}, "disruptionMode": "PodGroup"},
     }
-    assert gang.stale_selector(UID, 3) == f"kubetrain.dev/job-uid={UID},kubetrain.dev/attempt!=3"
+    assert podgroup.stale_selector(UID, 3) == f"kubetrain.dev/job-uid={UID},kubetrain.dev/attempt!=3"
 
 
 def test_render_coscheduling_podgroup() -> None:
-    group = gang.render_podgroup(job_model("j", nodes=4), "ns", UID, 0, "coscheduling")
+    group = podgroup.render_podgroup(job_model("j", nodes=4), "ns", UID, 0, "coscheduling")
     assert (group["apiVersion"], group["metadata"]["name"], group["spec"]) == (
         "scheduling.x-k8s.io/v1alpha1",
         "j-0",
@@ -100,14 +100,14 @@ def test_render_coscheduling_podgroup() -> None:
     ],
 )
 def test_the_condition_names_the_attempts_mode(status: str, reason: str, mode: str) -> None:
-    assert gang.attempt_mode(status, reason) == mode
+    assert podgroup.attempt_mode(status, reason) == mode
 
 
 def test_join_leaves_the_rendered_pod_untouched() -> None:
     pod = {"metadata": {"name": "p"}, "spec": {"containers": []}}
-    joined = gang.join(pod, "j-0", "native")
+    joined = podgroup.join(pod, "j-0", "native")
     assert joined["spec"] == {"containers": [], "schedulingGroup": {"podGroupName": "j-0"}}
-    labelled = gang.join(pod, "j-0", "coscheduling")
+    labelled = podgroup.join(pod, "j-0", "coscheduling")
     assert labelled["metadata"] == {"name": "p", "labels": {"scheduling.x-k8s.io/pod-group": "j-0"}}
     assert labelled["spec"] == {"containers": []}
     assert pod == {"metadata": {"name": "p"}, "spec": {"containers": []}}
@@ -135,10 +135,10 @@ def cond(decision: Decision, kind: str) -> tuple[str, str] | None:
 
 def test_a_new_attempt_records_its_mode_and_the_gang_announces_itself() -> None:
     d = step(make_job(), SERVED)
-    assert cond(d, gang.CONDITION) == ("True", "PodGroup") and d.create_ranks == [0, 1]
-    assert [e.reason for e in d.events] == [gang.CONDITION, "Created"]
+    assert cond(d, podgroup.CONDITION) == ("True", "PodGroup") and d.create_ranks == [0, 1]
+    assert [e.reason for e in d.events] == [podgroup.CONDITION, "Created"]
     fallback = step(make_job(), NOTHING)
-    assert cond(fallback, gang.CONDITION) == ("False", "NotServed") and fallback.create_ranks == [0, 1]
+    assert cond(fallback, podgroup.CONDITION) == ("False", "NotServed") and fallback.create_ranks == [0, 1]
     assert [e.reason for e in fallback.events] == ["Created"]  # the condition says it; no Event
 
 
@@ -146,11 +146,11 @@ def test_the_mode_is_kept_while_the_attempt_has_pods() -> None:
     job = advance(make_job(), step(make_job(), SERVED))
     pods = [pod_view(job, r) for r in range(2)]
     # Discovery changed its answer mid-attempt: the pods already joined their PodGroup.
-    assert cond(step(job, NOTHING, pods), gang.CONDITION) == ("True", "PodGroup")
+    assert cond(step(job, NOTHING, pods), podgroup.CONDITION) == ("True", "PodGroup")
 
 
 def test_the_local_runner_has_no_scheduler_to_ask() -> None:
-    assert cond(step(make_job(), None), gang.CONDITION) is None
+    assert cond(step(make_job(), None), podgroup.CONDITION) is None
 
 
 def test_native_where_the_api_is_not_served_fails_the_job_before_any_pod() -> None:
