@@ -237,16 +237,17 @@ class Controller:
             await self._confirm_overdue(key[0], body["metadata"]["uid"], state, indexed)
         pods = state.expectations.pods(indexed)
         service_exists = state.expectations.service or bool(self.services.get(key))
-        now = datetime.now(UTC).replace(microsecond=0)
+        precise = datetime.now(UTC)  # decide keeps whole seconds but for the timeline
+        now = precise.replace(microsecond=0)
         uid = body["metadata"]["uid"]
         policy = replace(self.settings.policy, group_apis=await self.discovery.served())
         try:
             admission = await kueue_io.admission(self.kube, self.settings.render, key[0], uid, job, pods, now)
-            decision = decide(job, uid, pods, service_exists, now, policy, admission.hold)
+            decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold)
             # A gang failure: rank 0 may have recorded `done` since the last read (progress.py).
             if progress.recheck(job.status, decision.status) and (text := await self._read_rank0(key, state, pods)):
                 job = job.model_copy(update={"status": progress.fold(job.status or TrainingJobStatus(), text)})
-                decision = decide(job, uid, pods, service_exists, now, policy, admission.hold)
+                decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold)
             else:
                 await self._read_progress(key, state, job, decision, pods)
         except StaleView as stale:

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from kubetrain.api import naming
+from kubetrain.api.records import GangFailure
 
 # Waiting reasons a pod does not recover from by itself, or only by luck: after
 # `stuck_timeout` they count as a failure of the gang.
@@ -73,6 +74,16 @@ class PodView:
     message: str = ""
     finished: datetime | None = None
     conditions: tuple[PodCondition, ...] = ()
+    # When the trainer container started running (the attempt's timeline).
+    started: datetime | None = None
+    # Readiness: with the in-place restart, the pod's torchrun agent listens on the readiness
+    # probe's port while it runs the workers of the pod's attempt (trainer/agent.py); `ready_at`
+    # is when the Ready condition last changed.
+    ready: bool = False
+    ready_at: datetime | None = None
+    # The gang failure an agent of this pod's attempt reported (its `failure` record), attached
+    # by the caller that read it: the controller from a pod's log, the local runner from the output.
+    held: GangFailure | None = None
 
     @classmethod
     def from_pod(cls, pod: Mapping[str, Any]) -> PodView:
@@ -83,11 +94,13 @@ class PodView:
         scheduled_condition = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
         exit_code = waiting = reason = None
         message = ""
-        finished = None
+        finished = started = None
         for cs in status.get("containerStatuses") or []:
             if cs.get("name") != naming.CONTAINER_NAME:
                 continue
             state = cs.get("state") or {}
+            if "running" in state:
+                started = parse_time((state["running"] or {}).get("startedAt"))
             if "terminated" in state:
                 terminated = state["terminated"] or {}
                 exit_code = terminated.get("exitCode")
@@ -102,6 +115,7 @@ class PodView:
             init_reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
             if init_reason in STUCK_REASONS and waiting not in STUCK_REASONS:
                 waiting = init_reason
+        ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
         if status.get("reason"):  # pod-level: Evicted, DeadlineExceeded, NodeLost, ...
             reason = status["reason"]
             message = status.get("message") or message
@@ -130,4 +144,7 @@ class PodView:
                 PodCondition(c.get("type", ""), c.get("status", ""), c.get("reason") or "", c.get("message") or "")
                 for c in status.get("conditions") or []
             ),
+            started=started,
+            ready=ready is not None and ready.get("status") == "True",
+            ready_at=parse_time(ready.get("lastTransitionTime")) if ready is not None else None,
         )
