@@ -124,6 +124,18 @@ def stop(agent: Any, group: Any) -> None:
         agent._stop_workers(group)
 
 
+def error_text(message: Any) -> str:
+    """A worker failure's message as torch's ProcessFailure holds it: its text, or the error file's
+    {"message": ..., "extraInfo": {"py_callstack": ...}} (then the traceback's end comes first)."""
+    if isinstance(message, dict):
+        text = str(message.get("message", ""))
+        extra = message.get("extraInfo")
+        stack = str(extra.get("py_callstack", "")) if isinstance(extra, dict) else ""
+        return f"{text}\n{stack.strip()}" if stack.strip() else text
+    text = str(message)
+    return "" if text.startswith("To enable traceback") else text  # torch's text when there is no error file
+
+
 def emit(event: str, **fields: Any) -> None:
     """One record on the agent's stdout (the pod's log), as the trainer prints its records."""
     record = {"event": event, "time": time.time(), **fields}
@@ -203,10 +215,8 @@ class InPlace:
             rank, failure = min(result.failures.items(), key=lambda item: item[1].timestamp)
             code = failure.exitcode if failure.exitcode >= 0 else SIGNAL_EXIT_BASE - failure.exitcode
             oom = failure.exitcode < 0 and oom_kills() > self.oom_kills
-            message = failure.message
-            if message.startswith("To enable traceback"):  # torch's text when the worker wrote no error file
-                message = ""
             detail = f"worker rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) exited with code {code}"
+            message = error_text(failure.message)
             entry.update(
                 rank=rank,
                 exit_code=code,
@@ -274,6 +284,11 @@ def patch_agent(module: ModuleType) -> None:
         log.warning("this torch's elastic agent differs: a failure recreates the gang, not restarting it in place")
         return
 
+    try:
+        from torch.distributed.elastic.multiprocessing.api import SignalException as stopped
+    except ImportError:
+        stopped = KeyboardInterrupt  # type: ignore[assignment,misc]  # a torch without it: nothing to spare
+
     def _start_workers(self: Any, worker_group: Any) -> Any:
         state = _state(self)
         state.before_start(self, worker_group)
@@ -282,7 +297,14 @@ def patch_agent(module: ModuleType) -> None:
         return started
 
     def _monitor_workers(self: Any, worker_group: Any) -> Any:
-        return _state(self).monitor(self, worker_group, monitor(self, worker_group), states)
+        result = monitor(self, worker_group)
+        try:
+            return _state(self).monitor(self, worker_group, result, states)
+        except stopped:  # the pod is being stopped: torchrun's own handling
+            raise
+        except Exception:  # a bug here: torchrun's own behaviour (a failure then recreates the gang)
+            log.exception("the in-place restart failed; the gang will be recreated")
+            return result
 
     agent_class._start_workers = _start_workers
     agent_class._monitor_workers = _monitor_workers
