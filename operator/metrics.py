@@ -19,3 +19,15 @@ TIME_TO_CREATED = Histogram(
     buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
 )
 API_WRITES = Counter("kubetrain_api_writes_total", "API writes made by the operator.", ["verb", "resource"])
+TIME_TO_FIRST_STEP = Histogram(
+    "kubetrain_time_to_first_step_seconds",
+    "From the TrainingJob's creationTimestamp (1 s resolution) to rank 0's first training step (status.timeline).",
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
+)
+RECOVERY = Histogram(
+    "kubetrain_recovery_seconds",
+    "From a gang failure (or a resume) to rank 0's first training step of the next attempt, by how it "
+    "started: InPlace, Recreate or Resume (status.timeline).",
+    ["start"],
+    buckets=(0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120, 300),
+)

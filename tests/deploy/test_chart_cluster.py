@@ -38,7 +38,6 @@ DENIED: list[tuple[str, str]] = [
     ("patch", "trainingjobs.kubetrain.dev"),
     ("patch", "trainingjobs.kubetrain.dev/status"),
     ("update", "pods"),
-    ("patch", "pods"),
     ("create", "pods/exec"),
     ("create", "pods/eviction"),
     ("delete", "services"),

@@ -11,6 +11,9 @@ writes:
     with KubeletLogs(kubelet, tmp_path) as logs:
         kubelet.run(ns, "job-node-0")
         logs.write("job-node-0", '{"event": "step", ...}')
+
+With `source` (a process node's `logs(namespace, pod, container)`) it serves what the pods'
+processes really wrote instead.
 """
 
 from __future__ import annotations
@@ -19,18 +22,29 @@ import http.server
 import ssl
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
 
-from support.kubelet import FakeKubelet
+LogSource = Callable[[str, str, str], str]  # (namespace, pod, container) -> the whole log
+
+
+class Node(Protocol):
+    """What this needs of a test node: its Node object's name, and an API client for it."""
+
+    core: Any
+    node_name: str
+
+    def ensure_node(self) -> None: ...
 
 
 class KubeletLogs:
-    def __init__(self, kubelet: FakeKubelet, workdir: Path) -> None:
+    def __init__(self, kubelet: Node, workdir: Path, source: LogSource | None = None) -> None:
         self.kubelet = kubelet
         self.workdir = workdir
+        self.source = source
         self.lines: dict[str, list[str]] = {}
         self.lock = threading.Lock()
         self.server: http.server.ThreadingHTTPServer | None = None
@@ -45,7 +59,10 @@ class KubeletLogs:
         with self.lock:
             self.lines.pop(pod, None)
 
-    def tail(self, pod: str, lines: int | None) -> str:
+    def tail(self, pod: str, lines: int | None, namespace: str = "", container: str = "") -> str:
+        if self.source is not None:
+            text = self.source(namespace, pod, container).splitlines()
+            return "".join(f"{line}\n" for line in (text[-lines:] if lines else text))
         with self.lock:
             kept = self.lines.get(pod, [])
             kept = kept[-lines:] if lines else kept
@@ -88,7 +105,7 @@ def _handler(logs: KubeletLogs) -> type[http.server.BaseHTTPRequestHandler]:
                 self.send_error(404)
                 return
             tail = parse_qs(url.query).get("tailLines", [""])[0]
-            body = logs.tail(parts[2], int(tail) if tail.isdigit() else None).encode()
+            body = logs.tail(parts[2], int(tail) if tail.isdigit() else None, parts[1], parts[3]).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
             self.send_header("Content-Length", str(len(body)))

@@ -29,7 +29,7 @@ NAMESPACED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("kubetrain.dev", "trainingjobs", ("get", "list", "watch", "delete")),
     ("kubetrain.dev", "trainingjobs/status", ("update",)),
     ("kubetrain.dev", "trainingjobs/finalizers", ("update",)),
-    ("", "pods", ("list", "watch", "create", "delete")),
+    ("", "pods", ("list", "watch", "create", "delete", "patch")),
     ("", "pods/log", ("get",)),
     ("", "services", ("list", "watch", "create")),
     ("", "events", ("create",)),
