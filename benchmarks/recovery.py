@@ -32,27 +32,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests")]
 
-from support import images  # noqa: E402
 from support import node as real  # noqa: E402
-from support.operator_process import OperatorProcess  # noqa: E402
+from support.realjobs import RealJobs, job_manifest, pvc, real_jobs, records, trainer_archive  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
-
-from kubetrain.api.records import records_in  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "recovery.json"
 KINDS = ("crash", "delete", "evict", "hang", "suspend")
@@ -66,62 +60,29 @@ NAMESPACE = "recovery"
 FAULT_STEP = 30
 HANG_S = 10
 CHECKPOINT_STEPS = 20
-OVERLAY_PATH = "/opt/kubetrain-overlay"
 # The issue's targets (docs/recovery.md).
 TARGET_RATIO = 1 / 3
 TARGET_IN_PLACE_S = 10.0
 TARGET_TIMELINE_S = 1.0
 
 
-def job_manifest(name: str, kind: str, mode: str, overlay: Path | None) -> dict[str, Any]:
-    env = []
-    if kind == "crash":
-        env.append({"name": "KUBETRAIN_FAULT", "value": f"kill,rank=1,step={FAULT_STEP}"})
-    if kind == "hang":
-        env.append({"name": "KUBETRAIN_FAULT", "value": f"hang,rank=1,step={FAULT_STEP}"})
-    spec: dict[str, Any] = {
-        "nodes": 2,
-        "gpusPerNode": 0,
-        "image": images.TRAINER_REF,
-        "imagePullPolicy": "Never",
-        "env": env,
+def manifest(name: str, kind: str, mode: str, overlay: Path | None) -> dict[str, Any]:
+    fault = {"crash": f"kill,rank=1,step={FAULT_STEP}", "hang": f"hang,rank=1,step={FAULT_STEP}"}.get(kind)
+    command = (
+        ["torchrun", "--max-restarts=3", "-m", "kubetrain.trainer", "train"] if mode == "TorchrunRestarts" else None
+    )
+    return job_manifest(
+        name,
+        NAMESPACE,
+        fault=fault,
+        strategy="InPlace" if mode == "InPlace" else "Recreate",
+        overlay=overlay,
         # Every step logged: the first step after the fault is measured to the step.
-        "training": {"dataset": "digits", "epochs": 200, "batchSize": 32, "logEverySteps": 1},
-        "checkpoint": {
-            "dir": "/checkpoints",
-            "everySteps": CHECKPOINT_STEPS,
-            "keep": 2,
-            "volume": {"persistentVolumeClaim": {"claimName": name}},
-        },
-        "runPolicy": {
-            "maxRestarts": 3,
-            "restartStrategy": "InPlace" if mode == "InPlace" else "Recreate",
-            "cleanPodPolicy": "All",
-        },
-    }
-    if mode == "TorchrunRestarts":
-        spec["command"] = ["torchrun", "--max-restarts=3", "-m", "kubetrain.trainer", "train"]
-    if kind == "hang":
-        spec["runPolicy"]["hangTimeoutSeconds"] = HANG_S
-    if overlay is not None:
-        spec["env"].append({"name": "PYTHONPATH", "value": OVERLAY_PATH})
-        spec["template"] = {
-            "spec": {
-                "containers": [
-                    {
-                        "name": "trainer",
-                        "volumeMounts": [{"name": "overlay", "mountPath": OVERLAY_PATH, "readOnly": True}],
-                    }
-                ],
-                "volumes": [{"name": "overlay", "hostPath": {"path": str(overlay), "type": "Directory"}}],
-            }
-        }
-    return {
-        "apiVersion": "kubetrain.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": spec,
-    }
+        training={"epochs": 200, "logEverySteps": 1},
+        run_policy={"cleanPodPolicy": "All", **({"hangTimeoutSeconds": HANG_S} if kind == "hang" else {})},
+        command=command,
+        checkpoint_steps=CHECKPOINT_STEPS,
+    )
 
 
 def kubelet_rule_objects(manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -144,78 +105,41 @@ def kubelet_rule_objects(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return objects
 
 
-def pvc(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "",
-            "volumeName": name,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-
-
 class Bench:
-    def __init__(self, node: Any, workdir: Path, overlay: Path | None) -> None:
-        self.node, self.workdir, self.overlay = node, workdir, overlay
+    """One run after another on `jobs`: each a job, its fault, its recovery."""
+
+    def __init__(self, jobs: RealJobs) -> None:
+        self.jobs = jobs
         self.count = 0
-
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result: subprocess.CompletedProcess[str] = self.node.cp.kubectl(*args, input=input, check=check, timeout=60)
-        return result
-
-    def job(self, name: str) -> dict[str, Any]:
-        found: dict[str, Any] = json.loads(self.kubectl("get", "tj", name, "-n", NAMESPACE, "-o", "json").stdout)
-        return found
-
-    def pods(self, name: str) -> dict[str, str]:
-        """Pod name -> uid of the job's live pods."""
-        out = self.kubectl("get", "pods", "-n", NAMESPACE, "-l", f"kubetrain.dev/job-name={name}", "-o", "json")
-        return {
-            p["metadata"]["name"]: p["metadata"]["uid"]
-            for p in json.loads(out.stdout)["items"]
-            if not p["metadata"].get("deletionTimestamp")
-        }
 
     def run(self, kind: str, mode: str) -> dict[str, Any]:
         self.count += 1
-        name = f"{kind}-{mode.lower()}-{self.count}"
-        volume = self.node.hostpath_volume(name)
-        metrics = Path(volume) / "metrics.jsonl"
-        manifest = job_manifest(name, kind, mode, self.overlay)
-        self.kubectl("apply", "-f", "-", input=yaml.safe_dump(pvc(name)))
-        if mode == "RestartAllContainers":
-            self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(kubelet_rule_objects(manifest)))
-        else:
-            self.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+        jobs, name = self.jobs, f"{kind}-{mode.lower()}-{self.count}"
+        volume: Path = jobs.node.hostpath_volume(name)
+        job = manifest(name, kind, mode, jobs.overlay)
+        jobs.apply(pvc(name, NAMESPACE), *(kubelet_rule_objects(job) if mode == "RestartAllContainers" else [job]))
         load_before = os.getloadavg()
 
-        def records() -> list[dict[str, Any]]:
-            return records_in(metrics.read_text()) if metrics.exists() else []
-
         def last_step() -> int:
-            steps = [r["step"] for r in records() if r["event"] == "step"]
-            return max(steps) if steps else -1
+            return max((r["step"] for r in records(volume) if r["event"] == "step"), default=-1)
 
         wait_for(lambda: last_step() >= FAULT_STEP - 5, 600, f"{name}: training up to step {FAULT_STEP - 5}")
-        before = self.pods(name)
+        before = jobs.pods(name)
         fault_at = self.fault(name, kind, volume, last_step)
 
         def recovered() -> tuple[dict[str, Any], dict[str, Any]] | None:
             """The next run's `start` record and its first step, both after the fault."""
-            after = [r for r in records() if r["time"] > fault_at]
+            after = [r for r in records(volume) if r["time"] > fault_at]
             start = next((r for r in after if r["event"] == "start"), None)
-            step = next(
-                (r for r in after if r["event"] == "step" and start is not None and r["time"] >= start["time"]), None
-            )
-            return (start, step) if start is not None and step is not None else None
+            if start is None:
+                return None
+            step = next((r for r in after if r["event"] == "step" and r["time"] >= start["time"]), None)
+            return None if step is None else (start, step)
 
         start, first = wait_for(recovered, 600, f"{name}: the first step after the fault")
-        all_records = records()
-        lost_from = max((r["step"] for r in all_records if r["event"] == "step" and r["time"] <= fault_at), default=0)
+        lost_from = max(
+            (r["step"] for r in records(volume) if r["event"] == "step" and r["time"] <= fault_at), default=0
+        )
         measured = first["time"] - fault_at
         result: dict[str, Any] = {
             "kind": kind,
@@ -225,27 +149,26 @@ class Bench:
             "fault_step": lost_from,
             "resumed_step": start["step"],
         }
-        if mode in ("InPlace", "Recreate"):
-            result |= self.status_of(name, first, measured)
-        result["same_pods"] = before == self.pods(name)
+        if mode in MODES:
+            result |= self.status_of(name, measured)
+        result["same_pods"] = before == jobs.pods(name)
         result["load_avg_1m"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
-        self.clean(name, mode)
+        if mode == "RestartAllContainers":
+            jobs.kubectl(
+                "delete", "pods,services", "-n", NAMESPACE, "-l", f"kubetrain.dev/job-name={name}", "--wait=false"
+            )
+        jobs.delete(name)
         return result
 
-    def status_of(self, name: str, first: dict[str, Any], measured: float) -> dict[str, Any]:
+    def status_of(self, name: str, measured: float) -> dict[str, Any]:
         """What the job's status says of the restart; its timeline against the measured time."""
-        # The operator folds rank 0's records into the timeline within its start-up read interval.
-        job = wait_for(
-            lambda: (
-                (j := self.job(name))
-                and (t := j["status"].get("timeline") or {}).get("firstStepAt")
-                and t.get("attempt") == first.get("attempt")
-                and j
-            ),
-            60,
-            f"{name}: the timeline's first step",
-        )
-        status = job["status"]
+
+        def folded(job: dict[str, Any]) -> dict[str, Any] | None:
+            # The operator folds rank 0's records into the timeline within its start-up read interval.
+            line = job["status"].get("timeline") or {}
+            return job if line.get("firstStepAt") and line.get("attempt") == job["status"].get("attempt") else None
+
+        status = self.jobs.wait(name, folded, "the timeline's first step", 60)["status"]
         line = status["timeline"]
         timeline_s = _seconds(line)
         return {
@@ -259,27 +182,18 @@ class Bench:
             "timeline_monotone": _monotone(line),
         }
 
-    def clean(self, name: str, mode: str) -> None:
-        if mode == "RestartAllContainers":
-            self.kubectl(
-                "delete", "pods,services", "-n", NAMESPACE, "-l", f"kubetrain.dev/job-name={name}", "--wait=false"
-            )
-        else:
-            self.kubectl("delete", "tj", name, "-n", NAMESPACE, "--wait=false")
-        self.kubectl("delete", "pvc", name, "-n", NAMESPACE, "--wait=false")
-        wait_for(lambda: not self.pods(name), 120, f"{name}: its pods gone")
-
-    def fault(self, name: str, kind: str, volume: str, last_step: Callable[[], int]) -> float:
+    def fault(self, name: str, kind: str, volume: Path, last_step: Callable[[], int]) -> float:
         """Cause the fault; its time (epoch seconds)."""
+        jobs = self.jobs
         if kind in ("crash", "hang"):
-            marker = Path(volume) / ".faults" / f"{'kill' if kind == 'crash' else 'hang'}-rank1-step{FAULT_STEP}"
+            marker = volume / ".faults" / f"{'kill' if kind == 'crash' else 'hang'}-rank1-step{FAULT_STEP}"
             wait_for(marker.exists, 600, f"{name}: the {kind} fault firing")
             return float(marker.read_text().split()[0])
         wait_for(lambda: last_step() >= FAULT_STEP, 600, f"{name}: step {FAULT_STEP}")
         pod = f"{name}-node-1"
         if kind == "delete":
             at = time.time()
-            self.kubectl("delete", "pod", pod, "-n", NAMESPACE, "--wait=false")
+            jobs.kubectl("delete", "pod", pod, "-n", NAMESPACE, "--wait=false")
             return at
         if kind == "evict":
             eviction = {
@@ -288,20 +202,18 @@ class Bench:
                 "metadata": {"name": pod, "namespace": NAMESPACE},
             }
             at = time.time()
-            self.kubectl(
-                "create", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}/eviction", "-f", "-",
-                input=json.dumps(eviction),
-            )  # fmt: skip
+            path = f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}/eviction"
+            jobs.kubectl("create", "--raw", path, "-f", "-", input=json.dumps(eviction))
             return at
-        self.kubectl(
-            "patch", "tj", name, "-n", NAMESPACE, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}'
-        )
-        wait_for(lambda: not self.pods(name), 300, f"{name}: suspended, pods gone")
+        self.suspend(name, True)
+        wait_for(lambda: not jobs.pods(name), 300, f"{name}: suspended, pods gone")
         at = time.time()
-        self.kubectl(
-            "patch", "tj", name, "-n", NAMESPACE, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}'
-        )
+        self.suspend(name, False)
         return at
+
+    def suspend(self, name: str, value: bool) -> None:
+        patch = json.dumps({"spec": {"runPolicy": {"suspend": value}}})
+        self.jobs.kubectl("patch", "tj", name, "-n", NAMESPACE, "--type=merge", "-p", patch)
 
 
 TIMES = (
@@ -317,8 +229,6 @@ TIMES = (
 
 
 def _parse(value: str) -> float:
-    from datetime import datetime
-
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
@@ -332,18 +242,6 @@ def _seconds(line: dict[str, Any]) -> float | None:
     if origin is None or "firstStepAt" not in line:
         return None
     return round(_parse(line["firstStepAt"]) - _parse(origin), 3)
-
-
-def overlay_tree(into: Path) -> Path:
-    """A snapshot of this tree's kubetrain package (its editable install's links resolved), readable
-    by the pods' non-root user, for --overlay."""
-    import kubetrain
-
-    shutil.copytree(Path(kubetrain.__path__[0]), into / "kubetrain", ignore=shutil.ignore_patterns("__pycache__"))
-    for path in [into, *into.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    into.parent.chmod(0o755)
-    return into
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -402,18 +300,16 @@ def main() -> None:
     reason = real.missing()
     if reason:
         sys.exit(f"no real node here: {reason}")
-    archive = args.archive or images.archives(images.TRAINER_REF)[images.TRAINER_REF]
+    if args.archive is not None:
+        os.environ["KUBETRAIN_TRAINER_ARCHIVE"] = str(args.archive)
+    archive = trainer_archive()
     started = time.time()
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="kubetrain-recovery-") as tmp, real.running_node() as node:
-        overlay = overlay_tree(Path(tmp) / "overlay") if args.overlay else None
-        node.load_images([archive])
-        node.cp.kubectl("create", "namespace", NAMESPACE)
-        wait_for(
-            lambda: node.cp.kubectl("get", "sa", "default", "-n", NAMESPACE, check=False).returncode == 0, 30, "sa"
-        )
-        operator = OperatorProcess(Path(node.cp.kubeconfig), Path(tmp) / "operator.log", namespaces=NAMESPACE).start()
-        bench = Bench(node, Path(tmp), overlay)
+    with (
+        tempfile.TemporaryDirectory(prefix="kubetrain-recovery-") as tmp,
+        real_jobs(Path(tmp), NAMESPACE, overlay=args.overlay) as jobs,
+    ):
+        bench = Bench(jobs)
         try:
             for repeat in range(args.repeats):
                 for kind in kinds:
@@ -422,12 +318,9 @@ def main() -> None:
                         if mode in MECHANISMS and kind != "crash":
                             continue
                         runs.append(bench.run(kind, mode))
-                        shown = {k: v for k, v in runs[-1].items() if k not in ("timeline",)}
-                        print(json.dumps(shown), flush=True)
+                        print(json.dumps({k: v for k, v in runs[-1].items() if k != "timeline"}), flush=True)
         finally:
-            operator.stop()
-            log = operator.log()
-            if "Traceback" in log:
+            if "Traceback" in (log := jobs.operator.log()):
                 print(log[-5000:], file=sys.stderr)
     result = {
         "benchmark": "recovery on the real node: fault -> first training step after it, InPlace vs Recreate",

@@ -131,15 +131,14 @@ def in_place(job: TrainingJob) -> bool:
     return job.spec.run_policy.restart_strategy == "InPlace"
 
 
-def _in_place_env(job: TrainingJob, attempt: int) -> list[dict[str, Any]]:
-    """What the torchrun agent of an in-place job reads (trainer/agent.py)."""
-    if not in_place(job):
-        return []
-    return [
-        {"name": ATTEMPT_ENV, "value": str(attempt)},
-        {"name": ATTEMPT_FILE_ENV, "value": f"{naming.POD_INFO_PATH}/{naming.ATTEMPT_FILE}"},
-        {"name": AGENT_PORT_ENV, "value": str(agent_port(job))},
-    ]
+def _attempt_env(job: TrainingJob, attempt: int) -> list[dict[str, Any]]:
+    """The attempt the pod is created for (rank 0's records carry it: the attempt's timeline), and
+    what the torchrun agent of an in-place job reads (trainer/agent.py)."""
+    env = [{"name": ATTEMPT_ENV, "value": str(attempt)}]
+    if in_place(job):
+        env.append({"name": ATTEMPT_FILE_ENV, "value": f"{naming.POD_INFO_PATH}/{naming.ATTEMPT_FILE}"})
+        env.append({"name": AGENT_PORT_ENV, "value": str(agent_port(job))})
+    return env
 
 
 def _in_place_pod(job: TrainingJob, container: dict[str, Any], pod_spec: dict[str, Any]) -> None:
@@ -186,7 +185,7 @@ def _env(
         env.append({"name": SHUTDOWN_TIMEOUT_ENV, "value": str(grace_seconds(job))})
     env.append({"name": CONFIG_ENV, "value": spec.trainer_config().to_env_value()})
     env.append({"name": CHECKPOINT_DIR_ENV, "value": spec.checkpoint.dir})
-    env.extend(_in_place_env(job, attempt))
+    env.extend(_attempt_env(job, attempt))
     for var in spec.env or []:
         # The models reject these already; a renderer bug must not let one through.
         assert not is_reserved(var.name), f"reserved env name {var.name!r} reached the renderer"

@@ -82,8 +82,8 @@ def test_pod_env_contract_exact() -> None:
         {"name": "PET_SHUTDOWN_TIMEOUT", "value": "120"},
         {"name": "KUBETRAIN_CONFIG", "value": j.spec.trainer_config().to_env_value()},
         {"name": "KUBETRAIN_CHECKPOINT_DIR", "value": "/checkpoints"},
-        # The in-place restart (runPolicy.restartStrategy InPlace, the default): the attempt the pod
-        # was created for, the file its label is projected to, the agent's (readiness) port.
+        # The attempt the pod was created for; with the in-place restart (runPolicy.restartStrategy
+        # InPlace, the default) the file its label is projected to and the agent's (readiness) port.
         {"name": "KUBETRAIN_ATTEMPT", "value": "4"},
         {"name": "KUBETRAIN_ATTEMPT_FILE", "value": "/etc/kubetrain-pod/attempt"},
         {"name": "KUBETRAIN_AGENT_PORT", "value": "29501"},
@@ -198,7 +198,8 @@ def test_in_place_parts_follow_the_restart_strategy() -> None:
     recreate = render_pod(job(runPolicy={"restartStrategy": "Recreate"}), "ns", UID, 0, 2)
     (plain,) = recreate["spec"]["containers"]
     assert "readinessProbe" not in plain and [p["name"] for p in plain["ports"]] == ["rendezvous"]
-    assert not {"KUBETRAIN_ATTEMPT", "KUBETRAIN_ATTEMPT_FILE", "KUBETRAIN_AGENT_PORT"} & set(env_of(recreate))
+    assert not {"KUBETRAIN_ATTEMPT_FILE", "KUBETRAIN_AGENT_PORT"} & set(env_of(recreate))
+    assert env_of(recreate)["KUBETRAIN_ATTEMPT"] == "2", "rank 0's records carry the attempt either way"
     assert [v["name"] for v in recreate["spec"]["volumes"]] == ["checkpoints", "dshm"]
 
 
