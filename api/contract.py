@@ -107,6 +107,16 @@ DEFAULT_GRACE_SECONDS = 120
 SHUTDOWN_TIMEOUT_ENV = "PET_SHUTDOWN_TIMEOUT"
 
 
+# With runPolicy.hangTimeoutSeconds: a rank that has not finished an optimizer step for this long
+# (half the timeout) writes every thread's Python stack to its log (kubetrain.trainer.watchdog),
+# where the operator finds them when it declares the stall and names the rank that hung.
+STACKS_AFTER_ENV = "KUBETRAIN_STACKS_AFTER_SECONDS"
+
+
+def stacks_after_seconds(hang_timeout_seconds: int) -> int:
+    return max(1, hang_timeout_seconds // 2)
+
+
 def default_env(user_names: Collection[str]) -> dict[str, str]:
     """The DEFAULT_ENV entries the job's own `env` (names `user_names`) does not set."""
     return {name: value for name, value in DEFAULT_ENV.items() if name not in user_names}

@@ -505,7 +505,7 @@ class TrainingJobSpec(StrictModel):
     )
     scheduling: SchedulingSpec = Field(
         default_factory=SchedulingSpec,
-        description="Gang scheduling of the pods (see the README's Scheduling and queues).",
+        description="Gang scheduling of the pods (see docs/scheduling.md).",
         json_schema_extra={"default": {}},
     )
     template: PodTemplate | None = Field(
@@ -513,7 +513,7 @@ class TrainingJobSpec(StrictModel):
         description=(
             "A PodTemplateSpec fragment merged into every pod: labels, annotations, volumes, the trainer "
             "container's mounts/workingDir/securityContext/envFrom, init and sidecar containers, scheduling "
-            "and security settings. See the README's merge rules."
+            "and security settings. See docs/pod-template.md for the merge rules."
         ),
     )
 

@@ -6,7 +6,7 @@ in the CRD and checked here with the same snapshot) plus kubetrain's rules, whic
 twice on purpose like the rest of the API: a pydantic check (clear errors before anything
 reaches a cluster) and a CEL rule (the API server's verdict on `kubectl apply`).
 
-Merge rules (operator/render.py applies them; the README lists them):
+Merge rules (operator/render.py applies them; docs/pod-template.md lists them):
 - labels and annotations are added to the pod's; on a label key kubetrain owns
   (`OWNED_LABELS`) kubetrain's value wins. kubetrain sets no pod annotations.
 - `containers` holds at most the trainer container (`name: trainer`), and only the fields

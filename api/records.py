@@ -3,7 +3,7 @@
 Records are one JSON object per line, on rank 0's stdout and appended to
 `<checkpoint dir>/metrics.jsonl` (the trainer writes them: `kubetrain.trainer.metrics`).
 The local runner, `kubetrain plot` and the operator's progress all read them through
-`parse_record`, so their shape is fixed (see EVENTS and the README).
+`parse_record`, so their shape is fixed (see EVENTS and docs/trainer.md).
 
 The trainer's rank 0 prints one JSON object per line (`{"event": "step", "time": ...,
 "step": ..., "loss": ...}`) between ordinary log lines. The operator reads the last lines of

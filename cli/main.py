@@ -36,7 +36,7 @@ class LogFormat(enum.StrEnum):
 @app.command()
 def crd(
     reference: Annotated[
-        bool, typer.Option("--reference", help="Print the README's Markdown field reference instead.")
+        bool, typer.Option("--reference", help="Print docs/reference.md's Markdown field reference instead.")
     ] = False,
 ) -> None:
     """Print the TrainingJob CustomResourceDefinition generated from the API models."""

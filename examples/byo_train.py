@@ -56,6 +56,7 @@ def main() -> None:
         ckpt = lib.Checkpointer(ckpt_dir, rank=ctx.rank, world_size=ctx.world_size, generators=[loader.generator])
 
         stop = lib.StopSignal(ctx)  # SIGTERM/SIGINT on any rank -> every rank stops at one step
+        watchdog = lib.HangWatchdog(ctx.local_rank)  # steps stop -> stacks in the log (hangTimeoutSeconds)
 
         def save(reason: str) -> None:
             state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}
@@ -83,6 +84,7 @@ def main() -> None:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 step, batch = step + 1, batch + 1
+                watchdog.beat()
                 if stop.agreed():  # once per step, on every rank
                     save("signal")
                     stop.exit()
@@ -90,6 +92,7 @@ def main() -> None:
             lib.log0(ctx, "eval", step=step, epoch=epoch, directory=ckpt_dir, accuracy=accuracy, eval_loss=eval_loss)
             epoch, batch = epoch + 1, 0
             save("epoch")
+        watchdog.stop()
         stop.close()
         final_accuracy, _ = lib.evaluate(model.module, test_loader, ctx.device)
         lib.log0(

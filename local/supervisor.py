@@ -27,16 +27,19 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Protocol
 
-from kubetrain.api.contract import free_port
+from kubetrain.api.contract import free_port, stacks_after_seconds
 from kubetrain.api.models import TrainingJobStatus
 from kubetrain.api.records import GangFailure, fold, fold_timeline, gang_failure, parse_record
 from kubetrain.local.plan import LocalPlan, NodeProcess
 from kubetrain.local.processes import ProcessTree, note_groups, stop, subreaper
 from kubetrain.local.result import RunResult
+from kubetrain.operator import forensics
 from kubetrain.operator.decision import DEFAULT_POLICY
+from kubetrain.operator.forensics import RankStacks
 from kubetrain.operator.render import grace_seconds
 from kubetrain.operator.status import Decision, PodView, Policy, decide, is_true
 
@@ -47,6 +50,8 @@ POLL_S = 0.1
 PUBLISH_EVERY_S = 1.0
 # How long the output of an exited node is awaited (see _drain).
 READ_TAIL_S = 2.0
+# The line each node log gets when an attempt starts (the stacks of a stall are read after it).
+ATTEMPT_BANNER = "=== kubetrain: attempt "
 # A failed process's termination message: the end of its output, as Kubernetes takes it
 # for terminationMessagePolicy FallbackToLogsOnError (80 lines or 2048 bytes, the smaller).
 MESSAGE_LINES = 80
@@ -215,7 +220,21 @@ class Supervisor:
         # Its last lines (a `done` record, the error of a failed node) before its pod view.
         self._drain(exited, READ_TAIL_S)
         pods = [node.view(self.plan.uid) for node in self.nodes.values()]
-        self._apply(decide(self.job, self.plan.uid, pods, True, now, self.policy))
+        decision = decide(self.job, self.plan.uid, pods, True, now, self.policy)
+        if forensics.wanted(self.status, decision.status):
+            # As the operator does: every rank's stacks, from the node logs, name the one that hung.
+            decision = decide(self.job, self.plan.uid, pods, True, now, self.policy, stacks=self._stacks())
+        self._apply(decision)
+
+    def _stacks(self) -> dict[int, RankStacks]:
+        """The stacks in each node's log since its current attempt started."""
+        hang = self.job.spec.run_policy.hang_timeout_seconds or 0
+        logs = {}
+        for rank, out in self._logs.items():
+            out.flush()
+            text = Path(out.name).read_text(errors="replace")
+            logs[rank] = text.rsplit(ATTEMPT_BANNER, 1)[-1]
+        return forensics.collect(logs, self.job.spec.procs_per_node, stacks_after_seconds(hang))
 
     def _apply(self, decision: Decision) -> None:
         """As the operator applies a Decision: the status first, then deletes, then creates."""
@@ -251,7 +270,7 @@ class Supervisor:
         port = self._ports.setdefault(attempt, free_port())
         specs = [spec for spec in self.plan.nodes(attempt, master_port=port) if spec.rank in ranks]
         for spec in specs:
-            self._logs[spec.rank].write(f"=== kubetrain: attempt {attempt} ===\n")
+            self._logs[spec.rank].write(f"{ATTEMPT_BANNER}{attempt} ===\n")
             self._write_attempt(spec.rank, attempt)
             node = _Node(spec, attempt, self._launch(spec), _now())
             self.nodes[spec.pod_name] = node
@@ -271,7 +290,7 @@ class Supervisor:
         attempt = self.status.attempt
         for node in nodes:
             node.attempt, node.ready, node.held = attempt, False, None
-            self._logs[node.spec.rank].write(f"=== kubetrain: attempt {attempt} (in place) ===\n")
+            self._logs[node.spec.rank].write(f"{ATTEMPT_BANNER}{attempt} (in place) ===\n")
             self._write_attempt(node.spec.rank, attempt)
         current = sorted((n for n in self.nodes.values() if n.attempt == attempt), key=lambda n: n.spec.rank)
         self.view.attempt(attempt, [node.spec for node in current], [node.tree.pid for node in current])

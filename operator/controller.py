@@ -28,9 +28,21 @@ from typing import Any
 from pydantic import ValidationError
 
 from kubetrain.api import naming, records
+from kubetrain.api.contract import stacks_after_seconds
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
 from kubetrain.api.records import GangFailure
-from kubetrain.operator import kueue, kueue_io, metrics, podgroup, podgroup_io, progress, refusal, timeline
+from kubetrain.operator import (
+    forensics,
+    kueue,
+    kueue_io,
+    metrics,
+    podgroup,
+    podgroup_io,
+    progress,
+    refusal,
+    timeline,
+)
+from kubetrain.operator.forensics import RankStacks
 from kubetrain.operator.kube import ApiError, Conflict, Kube, Refused
 from kubetrain.operator.render import render_pod, render_service
 from kubetrain.operator.settings import OperatorSettings
@@ -165,11 +177,20 @@ def _observe_timeline(body: dict[str, Any], previous: TrainingJobStatus, status:
 class Controller:
     """The jobs this operator process knows, their work queue, and the reconcile."""
 
-    def __init__(self, settings: OperatorSettings, kube: Kube, log_source: LogSource | None = None) -> None:
+    def __init__(
+        self,
+        settings: OperatorSettings,
+        kube: Kube,
+        log_source: LogSource | None = None,
+        stacks_source: LogSource | None = None,
+    ) -> None:
         self.settings = settings
         self.kube = kube
         tail = settings.progress_tail_lines
         self.log_source = log_source or (lambda namespace, pod: kube.read_log(namespace, pod, tail))
+        self.stacks_source = stacks_source or (
+            lambda namespace, pod: kube.read_log(namespace, pod, forensics.TAIL_LINES)
+        )
         self.jobs: dict[Key, JobState] = {}
         self.pods: Index = {}
         self.services: Index = {}
@@ -275,9 +296,14 @@ class Controller:
             admission = await kueue_io.admission(self.kube, self.settings.render, key[0], uid, job, pods, now)
             decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold)
             # A gang failure: rank 0 may have recorded `done` since the last read (progress.py).
-            if progress.recheck(job.status, decision.status) and (text := await self._read_rank0(key, state, pods)):
-                job = job.model_copy(update={"status": progress.fold(job.status or TrainingJobStatus(), text)})
-                decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold)
+            if progress.recheck(job.status, decision.status):
+                if text := await self._read_rank0(key, state, pods):
+                    job = job.model_copy(update={"status": progress.fold(job.status or TrainingJobStatus(), text)})
+                    decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold)
+                # A stall: every rank's stacks name the one that hung (operator/forensics.py).
+                if forensics.wanted(job.status, decision.status):
+                    stacks = await self._read_stacks(key, job, pods)
+                    decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold, stacks)
             else:
                 await self._read_progress(key, state, job, decision, pods)
         except StaleView as stale:
@@ -355,6 +381,21 @@ class Controller:
             if state.held is None:
                 self.queue.add(key, HELD_READ_S)
         return progress.holding(pods, state.held)
+
+    async def _read_stacks(self, key: Key, job: TrainingJob, pods: list[PodView]) -> dict[int, RankStacks]:
+        """Every rank's stacks, from the log tails of the attempt's pods (read at once)."""
+        hang = job.spec.run_policy.hang_timeout_seconds or 0
+        ours = [p for p in pods if p.rank is not None and p.attempt == (job.status or TrainingJobStatus()).attempt]
+
+        async def tail(pod: PodView) -> tuple[int, str]:
+            try:
+                return pod.rank or 0, await self.stacks_source(key[0], pod.name)
+            except Exception as error:  # a pod without a readable log wrote no stacks we can see
+                log.debug("reading the stacks in %s/%s failed: %s", key[0], pod.name, error)
+                return pod.rank or 0, ""
+
+        logs = dict(await asyncio.gather(*(tail(p) for p in ours)))
+        return forensics.collect(logs, job.spec.procs_per_node, stacks_after_seconds(hang))
 
     async def _read_rank0(self, key: Key, state: JobState, pods: list[PodView]) -> str | None:
         pod = progress.rank0(pods)
@@ -443,7 +484,7 @@ class Controller:
                 state.placement = await kueue_io.placement(self.kube, flavors, state.placement)
                 where = state.placement[1]
             except (ApiError, LookupError) as error:
-                # Namespaced mode without the grant (README, "Kueue"), or a flavor deleted
+                # Namespaced mode without the grant (docs/scheduling.md, "Kueue"), or a flavor deleted
                 # under a live admission: no pod may start off its flavor; retried with backoff.
                 message = f"the admitted ResourceFlavors ({', '.join(flavors)}) cannot be read: {error}"
                 return False, refusal.Refusal(True, "ResourceFlavorUnreadable", message)

@@ -121,16 +121,33 @@ def stamp(time: datetime) -> str:
 
 
 def stall_failure(
-    rank0: PodView, attempt: int, progress: Progress | None, running_since: datetime, timeout: int, now: datetime
+    rank0: PodView,
+    attempt: int,
+    progress: Progress | None,
+    running_since: datetime,
+    timeout: int,
+    now: datetime,
+    culprit: tuple[PodView, str] | None = None,
 ) -> Failure:
-    """The failure a stall records: how long, and the last progress rank 0 reported."""
+    """The failure a stall records: how long, the last progress rank 0 reported, and, from every
+    rank's stacks (operator/forensics.py), the pod of the rank that hung and why it is blamed."""
     if progress is not None and progress.updated_at is not None and progress.updated_at >= running_since:
         last = f"last progress: step {progress.step} at {stamp(progress.updated_at)}"
     else:
         last = f"none since attempt {attempt} started running at {stamp(running_since)}"
     message = f"rank 0 (pod {rank0.name}) reported no progress for hangTimeoutSeconds={timeout}; {last}"
+    pod = rank0
+    if culprit is not None:
+        pod, why = culprit
+        message = f"{message}; {why}"
     return Failure(
-        attempt=attempt, rank=rank0.rank, pod=rank0.name, node=rank0.node, reason="Stalled", message=message, time=now
+        attempt=attempt,
+        rank=pod.rank,
+        pod=pod.name,
+        node=pod.node,
+        reason="Stalled",
+        message=message[-MESSAGE_TAIL:],
+        time=now,
     )
 
 

@@ -21,9 +21,11 @@ from kubetrain.api.contract import (
     DEFAULT_COMMAND,
     DEFAULT_GRACE_SECONDS,
     SHUTDOWN_TIMEOUT_ENV,
+    STACKS_AFTER_ENV,
     default_env,
     is_reserved,
     rendezvous_env,
+    stacks_after_seconds,
 )
 from kubetrain.api.models import GPU_RESOURCE, TrainingJob
 from kubetrain.api.podtemplate import PodTemplate
@@ -183,6 +185,8 @@ def _env(
     env.extend({"name": name, "value": value} for name, value in default_env(user_names).items())
     if SHUTDOWN_TIMEOUT_ENV not in user_names:
         env.append({"name": SHUTDOWN_TIMEOUT_ENV, "value": str(grace_seconds(job))})
+    if spec.run_policy.hang_timeout_seconds is not None:
+        env.append({"name": STACKS_AFTER_ENV, "value": str(stacks_after_seconds(spec.run_policy.hang_timeout_seconds))})
     env.append({"name": CONFIG_ENV, "value": spec.trainer_config().to_env_value()})
     env.append({"name": CHECKPOINT_DIR_ENV, "value": spec.checkpoint.dir})
     env.extend(_attempt_env(job, attempt))
@@ -350,7 +354,7 @@ PASSED_THROUGH = (
 
 
 def merge_template(pod: dict[str, Any], template: PodTemplate) -> dict[str, Any]:
-    """`pod` with the template merged in (the README's merge rules)."""
+    """`pod` with the template merged in (docs/pod-template.md's merge rules)."""
     meta, pod_spec = pod["metadata"], pod["spec"]
     if template.metadata and template.metadata.labels:
         meta["labels"] = {**template.metadata.labels, **meta["labels"]}

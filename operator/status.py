@@ -8,14 +8,14 @@ and `job.status` (hang detection and the late-crash rule read `status.progress`,
 callers fold from rank 0's records with `kubetrain.api.records.fold`).
 
 (About 480 lines: one short stage per concern of the decision, and the definitions below, which
-the README repeats, stand beside the stages that implement them.)
+docs/operator.md repeats, stand beside the stages that implement them.)
 
 `decide` is a dispatcher over named stages, each returning the Decision once it decided:
 finished (cleanup, TTL) → suspend → resume → gang mode (operator/podgroup.py) → first problem →
 restart-or-fail → success → stragglers → timeouts → stalled → placement (PodsScheduled) → converge (create
 what is missing, delete older attempts).
 
-Definitions the README repeats:
+Definitions docs/operator.md repeats:
   * Success: every node's pod of the current attempt exited 0 (phase Succeeded). A job
     whose rank 0 finished while another rank hangs stays Running until its deadline (or its
     hangTimeoutSeconds, see the late-crash rule).
@@ -46,6 +46,7 @@ Definitions the README repeats:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -76,6 +77,7 @@ from kubetrain.operator.failures import (
     stall_failure,
     stamp,
 )
+from kubetrain.operator.forensics import RankStacks, blame
 from kubetrain.operator.pods import STUCK_REASONS, TERMINAL_PHASES, PodCondition, PodView, parse_time
 
 __all__ = [
@@ -113,6 +115,7 @@ class _Pass:
     live: list[PodView]  # ours, not terminating
     current: list[PodView]  # live pods of the current attempt
     stale: list[PodView]  # live pods of older attempts
+    stacks: Mapping[int, RankStacks] | None = None
 
     @property
     def status(self) -> TrainingJobStatus:
@@ -161,10 +164,14 @@ def decide(
     now: datetime,
     policy: Policy = DEFAULT_POLICY,
     hold: Hold | None = None,
+    stacks: Mapping[int, RankStacks] | None = None,
 ) -> Decision:
-    """`hold`: a queue keeps the job suspended (operator/kueue.py). `now` may carry a fraction of a
-    second: only the timeline keeps it (to the millisecond); every other time is whole seconds."""
+    """`hold`: a queue keeps the job suspended (operator/kueue.py). `stacks`: every rank's stacks
+    from the pods' logs (operator/forensics.py), given when a stall is being decided, so the
+    Stalled failure names the rank that hung. `now` may carry a fraction of a second: only the
+    timeline keeps it (to the millisecond); every other time is whole seconds."""
     run = _observe(job, uid, pods, now, policy)
+    run.stacks = stacks
     if is_true(run.status, "Succeeded") or is_true(run.status, "Failed"):
         return _cleanup(run)
     if job.spec.run_policy.suspend:
@@ -475,7 +482,15 @@ def _stalled(run: _Pass) -> Problem | None:
     if run.now < due:
         run.decision.requeue((due - run.now).total_seconds())
         return None
-    failure = stall_failure(rank0, status.attempt, status.progress, running.last_transition_time, timeout, run.now)
+    culprit = None
+    if run.stacks is not None:
+        procs = run.job.spec.procs_per_node
+        verdict = blame(run.stacks, run.job.spec.nodes * procs)
+        pod = None if verdict.rank is None else _by_rank(run.current).get(verdict.rank // procs)
+        culprit = (pod or rank0, verdict.message)
+    failure = stall_failure(
+        rank0, status.attempt, status.progress, running.last_transition_time, timeout, run.now, culprit
+    )
     run.condition("Stalled", True, "NoProgress", failure.message)
     run.decision.events.append(Event("Warning", "Stalled", failure.message))
     return failure, ()

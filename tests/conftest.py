@@ -1,9 +1,12 @@
 """Shared fixtures. `control_plane` is a real etcd + kube-apiserver + kube-controller-manager
 on 127.0.0.1 (see tests/support/controlplane.py), started once per session.
 
-Where the binaries are missing the tests that need them are skipped, naming what is missing.
-With KUBETRAIN_REQUIRE_CONTROL_PLANE=1 (set by .ci/run) that skip is a failure instead, and
-so is any other skip of a test marked `cluster`: CI cannot pass by skipping them.
+Every test has exactly one tier (tests/support/tiers.py, a plugin registered here). Where the binaries are
+missing the tests that need them are skipped, naming what is missing. With
+KUBETRAIN_REQUIRE_CONTROL_PLANE=1 (set by .ci/run) that skip is a failure instead, and so is
+any other skip of a test of a tier above `unit`: CI cannot pass by skipping them. A module may
+name its own variable in REQUIRE_ENV (the kind scenario: KUBETRAIN_REQUIRE_E2E, which only
+GitHub's e2e workflow can satisfy).
 """
 
 from __future__ import annotations
@@ -15,37 +18,32 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import controlplane
-from support.controlplane import ControlPlane, Unavailable
+from support import controlplane, tiers, tools
+from support.controlplane import ControlPlane
+from support.tiers import tiers_of
 from support.waiting import wait_for
 
 REQUIRE_ENV = "KUBETRAIN_REQUIRE_CONTROL_PLANE"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def control_plane_required() -> bool:
-    return os.environ.get(REQUIRE_ENV) == "1"
-
-
-def unavailable(reason: str) -> None:
-    """Skip, or fail when CI requires the control plane."""
-    if control_plane_required():
-        pytest.fail(f"control plane required ({REQUIRE_ENV}=1) but unavailable: {reason}", pytrace=False)
-    pytest.skip(f"control plane unavailable: {reason}")
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(tiers, "kubetrain-tiers")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
+    required = getattr(getattr(item, "module", None), "REQUIRE_ENV", REQUIRE_ENV)
     if (
         report.skipped
-        and control_plane_required()
-        and item.get_closest_marker("cluster") is not None
+        and os.environ.get(required) == "1"
+        and tiers_of(item) != ["unit"]
         and not hasattr(report, "wasxfail")
     ):
         report.outcome = "failed"
-        report.longrepr = f"{REQUIRE_ENV}=1 but a cluster test was skipped: {report.longrepr}"
+        report.longrepr = f"{required}=1 but a {'/'.join(tiers_of(item))} test was skipped: {report.longrepr}"
 
 
 @pytest.fixture(scope="session")
@@ -53,22 +51,10 @@ def control_plane() -> Iterator[ControlPlane]:
     """A running control plane. Attributes: `kubeconfig` (admin, system:masters), `server`,
     `workdir`, `logs`; methods: `api_client()` (a new kubernetes ApiClient), `kubectl(*args,
     input=None, check=True)`, `helm(...)`. KUBECONFIG points at it for the session."""
-    try:
-        bin_dir = controlplane.find_k8s_bin()
-    except Unavailable as exc:
-        unavailable(str(exc))
-    cp = controlplane.start(bin_dir=bin_dir)
-    print(f"\ncontrol plane at {cp.server} ready in {cp.timings['ready']:.1f} s; logs in {cp.logs}")
-    previous = os.environ.get("KUBECONFIG")
-    os.environ["KUBECONFIG"] = str(cp.kubeconfig)
-    try:
+    with tools.control_plane() as cp, pytest.MonkeyPatch.context() as env:
+        print(f"\ncontrol plane at {cp.server} ready in {cp.timings['ready']:.1f} s; logs in {cp.logs}")
+        env.setenv("KUBECONFIG", str(cp.kubeconfig))
         yield cp
-    finally:
-        if previous is None:
-            os.environ.pop("KUBECONFIG", None)
-        else:
-            os.environ["KUBECONFIG"] = previous
-        cp.stop()
 
 
 @pytest.fixture(scope="session")

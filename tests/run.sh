@@ -1,13 +1,39 @@
 #!/usr/bin/env bash
-# The README's test command: installs everything the tests need (idempotent, cached) and
-# runs lint, types and the whole test suite. Usage: bash tests/run.sh [pytest args...]
+# The README's test command: installs what the chosen tier's tests need (idempotent, cached),
+# then runs lint, types and those tests.
+#   bash tests/run.sh [--tier unit|cluster|node|e2e|bench|all] [pytest args...]
+# Each test carries exactly one tier marker (tests/support/tiers.py); a tier builds only its needs:
+#   unit     Python and torch only: pip, nothing built, no root
+#   cluster  + the control plane, helm and Kueue (tests/cluster/install.sh)
+#   node     + as root: the real node (packages, kubelet, CoreDNS) and the images (build-images.sh)
+#   e2e      the node's needs and helm: the end-to-end scenario
+#   bench    + the Kubeflow operator (a benchmark's peer) and, as root, the real node
+#   all      (default, what CI runs through .ci/run) everything, and every test
+# Without root the node and the images are not built: their tests skip, naming root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${KUBETRAIN_VENV:-$ROOT/.venv}
 
-step() { printf '\n== %s\n' "$*"; }
-SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+TIER=all
+if [ "${1:-}" = --tier ]; then
+  TIER=${2:-}
+  shift 2 || true
+fi
+case $TIER in
+  unit) COMPONENTS=() ;;
+  cluster) COMPONENTS=(k8s helm kueue) ;;
+  node) COMPONENTS=(k8s node) ;;
+  e2e) COMPONENTS=(k8s helm node) ;;
+  bench) COMPONENTS=(k8s kubeflow node) ;;
+  all) COMPONENTS=(k8s helm kueue kubeflow node) ;;
+  *) echo "tests/run.sh: unknown tier '$TIER' (expected unit, cluster, node, e2e, bench or all)" >&2; exit 2 ;;
+esac
+IMAGES=0
+case $TIER in node | e2e | all) IMAGES=1 ;; esac
+
+START=$SECONDS
+step() { printf '\n== [%4ds] %s\n' "$((SECONDS - START))" "$*"; }
 
 step "python environment ($VENV)"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
@@ -17,19 +43,17 @@ step "python environment ($VENV)"
 "$VENV/bin/python" -m pip install -q -e ".[dev]" --config-settings editable_mode=strict
 export PATH="$VENV/bin:$PATH"
 
-if ! command -v shellcheck >/dev/null 2>&1; then
-  step "shellcheck (Debian package, for the e2e script's lint test)"
-  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq shellcheck
+if [ ${#COMPONENTS[@]} -gt 0 ]; then
+  step "binaries: ${COMPONENTS[*]} (cached under ${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain)"
+  bash tests/cluster/install.sh "${COMPONENTS[@]}"
 fi
 
-if [ -f tests/cluster/install.sh ]; then
-  step "control plane binaries (cached under ${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain)"
-  bash tests/cluster/install.sh
+if [ "$IMAGES" = 1 ] && [ "$(id -u)" -ne 0 ]; then
+  step "images skipped: not root (buildah; the tests that run them need root too)"
+elif [ "$IMAGES" = 1 ]; then
+  step "images from the Dockerfile (buildah, cached by content)"
+  KUBETRAIN_VENV=$VENV bash tests/cluster/build-images.sh
 fi
-
-step "images from the Dockerfile (buildah, cached by content; KUBETRAIN_SKIP_IMAGES=1 skips)"
-$SUDO env "XDG_CACHE_HOME=${XDG_CACHE_HOME:-$HOME/.cache}" "KUBETRAIN_VENV=$VENV" \
-  "KUBETRAIN_SKIP_IMAGES=${KUBETRAIN_SKIP_IMAGES:-}" bash tests/cluster/build-images.sh
 
 step "ruff"
 ruff check .
@@ -38,5 +62,7 @@ ruff format --check .
 step "mypy"
 mypy
 
-step "pytest"
-exec python -m pytest "$@"
+MARK=()
+[ "$TIER" = all ] || MARK=(-m "$TIER")
+step "pytest ${MARK[*]}"
+exec python -m pytest "${MARK[@]}" "$@"

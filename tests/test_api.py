@@ -13,6 +13,8 @@ from kubetrain.api.contract import RESERVED_ENV
 from kubetrain.api.models import TrainingJob
 from kubetrain.api.training import TrainConfig
 
+pytestmark = pytest.mark.unit
+
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
 
 

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from support.controlplane import ControlPlane, cache_dir, pinned
 
+pytestmark = pytest.mark.bench
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -30,7 +32,6 @@ def run_benchmark(script: str, output: Path, *args: str, timeout: float = 600) -
     return result
 
 
-@pytest.mark.cluster
 def test_operator_latency_benchmark_runs(control_plane: ControlPlane, tmp_path: Path) -> None:
     # control_plane: the benchmark starts its own from the same binaries; the fixture makes a
     # missing binary a skip (a failure in CI) with the usual message.
@@ -47,7 +48,6 @@ def test_operator_latency_benchmark_runs(control_plane: ControlPlane, tmp_path: 
     assert result["summary"]["by_operator"]["kubetrain"]["per_run"]["p50_s"] == [run["latency_s"]["p50"]]
 
 
-@pytest.mark.cluster
 def test_operator_latency_kubeflow_peer_runs(control_plane: ControlPlane, tmp_path: Path) -> None:
     built = cache_dir() / f"kubeflow-training-operator-{pinned('KUBEFLOW_VERSION')}" / ".complete"
     if not built.exists():
@@ -73,7 +73,6 @@ def test_operator_latency_kubeflow_peer_runs(control_plane: ControlPlane, tmp_pa
     assert ratios["kubetrain/kubeflow-tuned"]["p50_s"] > 0
 
 
-@pytest.mark.cluster
 def test_operator_scale_benchmark_runs(control_plane: ControlPlane, tmp_path: Path) -> None:
     sizes = ("--wide-nodes", "3", "--held-jobs", "2", "--held-nodes", "2", "--restart-nodes", "2")
     result = run_benchmark("operator_scale.py", tmp_path / "scale.json", *sizes)

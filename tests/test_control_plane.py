@@ -20,6 +20,7 @@ import pytest
 import yaml
 from cases import INVALID_JOBS
 from kubernetes import client
+from support import tools
 from support.controlplane import ControlPlane, find_tool, free_port
 from support.jobs import valid_job
 from support.kubelet import FakeKubelet
@@ -27,7 +28,7 @@ from support.operator_process import OperatorProcess
 from support.processnode import ProcessNode
 from support.waiting import wait_for
 
-from kubetrain.api import naming
+from kubetrain.api import k8s_schemas, naming
 
 pytestmark = pytest.mark.cluster
 
@@ -487,3 +488,19 @@ def test_end_to_end_apply_operator_pods_training_succeeded(
     finally:
         operator.stop()
     assert "Traceback" not in operator.log(), operator.log()[-3000:]
+
+
+def test_snapshot_matches_the_live_apiserver(control_plane: ControlPlane) -> None:
+    live = json.loads(control_plane.kubectl("get", "--raw", k8s_schemas.SOURCE).stdout)
+    regenerated = k8s_schemas.structural(live)
+    assert k8s_schemas.snapshot_text(regenerated) == k8s_schemas.SNAPSHOT.read_text(), (
+        "the apiserver's core/v1 schemas drifted from api/k8s/: run tests/cluster/vendor_k8s_schemas.py"
+    )
+
+
+def test_a_control_plane_that_broke_fails_its_block() -> None:
+    """support.controlplane.running(), which every control-plane fixture uses, fails when a
+    component exited on its own during the block."""
+    with pytest.raises(AssertionError, match="kube-controller-manager exited with -9"), tools.control_plane() as cp:
+        cp.processes["kube-controller-manager"].kill()
+        cp.processes["kube-controller-manager"].wait()

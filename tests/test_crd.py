@@ -17,6 +17,8 @@ from support.jobs import valid_job
 from kubetrain.api import crd, manifest, naming
 from kubetrain.api.podtemplate import VENDORED_MARK
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).parent.parent
 COMMITTED = ROOT / "crds" / f"{naming.CRD_NAME}.yaml"
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -29,7 +31,7 @@ def schema() -> dict[str, Any]:
 def test_committed_crd_matches_the_models() -> None:
     generated = crd.crd_yaml()
     assert COMMITTED.read_text() == generated, (
-        "crds/ drifted from operator/api.py: run `kubetrain crd > crds/trainingjobs.kubetrain.dev.yaml`"
+        "crds/ drifted from api/models.py: run `kubetrain crd > crds/trainingjobs.kubetrain.dev.yaml`"
     )
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 # Every module of the package is imported with the other half's libraries made unimportable,
 # as they are in the slim images.
 PROBE = textwrap.dedent(

@@ -12,7 +12,6 @@ import contextlib
 import datetime
 import logging
 import os
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-
 from kubetrain.api import contract
 from kubetrain.trainer import reach
 from kubetrain.trainer.metrics import MetricsLogger
+from kubetrain.trainer.torchrun_hooks import wait_for_other_agents
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -306,12 +306,7 @@ def hold_agent_store(store: Store, environ: Mapping[str, str], *, timeout_s: flo
         return True
     # The key torchrun's agents count themselves in: `_exit_barrier` on PrefixStore(run_id).
     key = f"{environ.get('TORCHELASTIC_RUN_ID', 'none')}/{_TERMINAL_STATE_SYNC_ID}{_NUM_MEMBERS}"
-    deadline = time.monotonic() + timeout_s
-    while store.add(key, 0) < group_world - 1:
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval_s)
-    return True
+    return wait_for_other_agents(store, group_world, key, timeout_s, interval_s)
 
 
 @contextlib.contextmanager

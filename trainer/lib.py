@@ -17,6 +17,8 @@
             stop.exit()                                 # every rank exits EXIT_STOPPED (143)
 
 with `stop = lib.StopSignal(ctx)` made once, on every rank, before the loop (kubetrain.trainer.stopping).
+`watchdog = lib.HangWatchdog(ctx.local_rank)` and `watchdog.beat()` once per step give a Stalled
+restart every rank's stacks to name the rank that hung (kubetrain.trainer.watchdog).
 
 Every function here is collective where it says so and safe to call on every rank otherwise.
 """
@@ -36,6 +38,7 @@ from kubetrain.trainer.dist import ContractError, DistContext, barrier, distribu
 from kubetrain.trainer.metrics import MetricsLogger, configure_logging
 from kubetrain.trainer.stopping import EXIT_STOPPED, StopSignal
 from kubetrain.trainer.train import accumulate_gradients, evaluate
+from kubetrain.trainer.watchdog import HangWatchdog
 
 __all__ = [
     "DDP",
@@ -44,6 +47,7 @@ __all__ = [
     "Checkpointer",
     "ContractError",
     "DistContext",
+    "HangWatchdog",
     "MetricsLogger",
     "ShardedLoader",
     "StopSignal",

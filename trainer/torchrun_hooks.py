@@ -116,14 +116,14 @@ def _rebind_package(module: ModuleType) -> None:
         setattr(module, "init_process_group", wrapped)  # noqa: B010
 
 
-def wait_for_other_agents(store: Any, world: int, key: str, timeout_s: float) -> bool:
+def wait_for_other_agents(store: Any, world: int, key: str, timeout_s: float, interval_s: float = POLL_S) -> bool:
     """On node 0: return once `world - 1` agents counted themselves in under `key` (True), or
-    after `timeout_s` (False)."""
+    after `timeout_s` (False). Also kubetrain.trainer.dist's hold, from inside a worker."""
     deadline = time.monotonic() + timeout_s
     while store.add(key, 0) < world - 1:
         if time.monotonic() >= deadline:
             return False
-        time.sleep(POLL_S)
+        time.sleep(interval_s)
     return True
 
 

@@ -28,6 +28,7 @@ from kubetrain.trainer.faults import FaultPoint
 from kubetrain.trainer.metrics import MetricsLogger, log
 from kubetrain.trainer.model import build_model
 from kubetrain.trainer.stopping import Stopped, StopSignal
+from kubetrain.trainer.watchdog import HangWatchdog
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -182,6 +183,7 @@ class Run:
     total_steps: int
     fault: FaultPoint  # KUBETRAIN_FAULT (drills and tests); inert without it
     stop: StopSignal  # SIGTERM/SIGINT: every rank stops at one step boundary, checkpointed
+    watchdog: HangWatchdog  # with hangTimeoutSeconds: stacks to the log when steps stop
 
     def state_dict(self, state: TrainState) -> dict[str, Any]:
         return {
@@ -268,6 +270,7 @@ def build(config: TrainConfig, ctx: DistContext) -> Run:
         total_steps=total_steps,
         fault=FaultPoint.from_env(rank, ckpt.dir),
         stop=StopSignal(ctx),
+        watchdog=HangWatchdog(ctx.local_rank),
     )
 
 
@@ -328,6 +331,7 @@ def train_epoch(run: Run, state: TrainState, window: LogWindow) -> bool:
     micro = run.loader.epoch(state.epoch, skip_batches=state.batch_in_epoch)
     while state.batch_in_epoch < batches_per_epoch and state.step < run.total_steps:
         window.add(train_step(run, micro, state))
+        run.watchdog.beat()
         run.fault.reached(state.step)
         time_vote = log_if_due(run, state, window)
         if run.stop.agreed():
@@ -362,6 +366,7 @@ def train(config: TrainConfig, ctx: DistContext) -> dict[str, Any]:
         spec = run.spec
         window = LogWindow(ctx.device, ctx.world_size, spec.batch_size * spec.grad_accum_steps * ctx.world_size)
         accuracy = loop(run, state, window)
+        run.watchdog.stop()
         run.stop.close()
         if run.checkpointer.last_step != state.step:
             save(run, state, "final")

@@ -9,6 +9,8 @@ import pytest
 from kubetrain.api.models import TrainingJobStatus
 from kubetrain.cli.logs import LogsError, NodePod, Plan, ended_line, plan, selector
 
+pytestmark = pytest.mark.unit
+
 
 def pod(
     rank: int,

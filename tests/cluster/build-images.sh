@@ -31,7 +31,7 @@
 #
 # Usage: bash tests/cluster/build-images.sh [--print]    (as root, except --print)
 #   --print  prints the archive paths for the current sources without building anything
-# Knob: KUBETRAIN_SKIP_IMAGES=1 builds nothing.
+# tests/run.sh runs it for the tiers whose tests use the images (node, e2e, all).
 # Last lines: OPERATOR_IMAGE_ARCHIVE=<path> and TRAINER_IMAGE_ARCHIVE=<path>.
 set -euo pipefail
 shopt -s inherit_errexit
@@ -211,10 +211,6 @@ main() {
     "") ;;
     *) die "unknown argument $1 (usage: build-images.sh [--print])" ;;
   esac
-  if [ "${KUBETRAIN_SKIP_IMAGES:-}" = 1 ] && [ "$MODE" = build ]; then
-    log "KUBETRAIN_SKIP_IMAGES=1: building no images"
-    return
-  fi
   BASE_RECIPE=$(base_recipe)
   SOURCES=$(sources_hash)
   local base_name=${BASE_REF#docker.io/library/} operator trainer

@@ -14,11 +14,15 @@
 # 20 s, kubelet 3.3 min on a warm Go cache (~1 min idle), CoreDNS 8 min (its client-go; ~3 min
 # idle); cached: under a second.
 #
-# Knobs: KUBETRAIN_K8S_BIN=<dir holding the four binaries> skips the Kubernetes build;
-#        KUBETRAIN_SKIP_HELM=1 skips helm; KUBETRAIN_SKIP_KUBEFLOW=1 skips the Kubeflow operator;
-#        KUBETRAIN_SKIP_KUEUE=1 skips Kueue;
-#        KUBETRAIN_SKIP_NODE=1 skips the real node's packages and binaries.
-# Prints the directories it filled, last line: "K8S_BIN=<dir>".
+# Usage: bash tests/cluster/install.sh [COMPONENT...]     (no component: all of them)
+#   k8s       etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+#   helm      helm
+#   kueue     Kueue (tests/operator/test_kueue_cluster.py)
+#   kubeflow  the Kubeflow Training Operator (benchmarks/operator_latency.py --peer kubeflow)
+#   node      as root: the real node's packages, kubelet, pause and CoreDNS
+# tests/run.sh --tier picks the components its tier's tests use.
+# Knob: KUBETRAIN_K8S_BIN=<dir holding the four binaries> skips the Kubernetes build.
+# Prints the directories it filled, last lines: "K8S_BIN=<dir>" and the like.
 set -euo pipefail
 
 # --- pinned versions: the only place they are written ---------------------------------------
@@ -136,10 +140,6 @@ build_k8s() {
 }
 
 build_helm() {
-  if [ "${KUBETRAIN_SKIP_HELM:-0}" = 1 ]; then
-    log "helm skipped (KUBETRAIN_SKIP_HELM=1)"
-    return
-  fi
   if [ -x "$HELM_DIR/helm" ]; then
     log "helm $HELM_VERSION cached in $HELM_DIR"
     return
@@ -159,10 +159,6 @@ build_helm() {
 # Fills $KUBEFLOW_DIR with training-operator (cmd/training-operator.v1) and crds/ (its PyTorchJob
 # CRD from the module's manifests/base/crds/).
 build_kubeflow() {
-  if [ "${KUBETRAIN_SKIP_KUBEFLOW:-0}" = 1 ]; then
-    log "kubeflow training operator skipped (KUBETRAIN_SKIP_KUBEFLOW=1)"
-    return
-  fi
   if [ -f "$KUBEFLOW_DIR/.complete" ]; then
     log "kubeflow training operator $KUBEFLOW_VERSION cached in $KUBEFLOW_DIR"
     return
@@ -186,10 +182,6 @@ build_kubeflow() {
 # config/components/crd/bases: Workload, ClusterQueue, LocalQueue, ResourceFlavor, ...) and
 # webhooks.yaml (config/components/webhook/manifests.yaml, Kueue's webhook configurations).
 build_kueue() {
-  if [ "${KUBETRAIN_SKIP_KUEUE:-0}" = 1 ]; then
-    log "kueue skipped (KUBETRAIN_SKIP_KUEUE=1)"
-    return
-  fi
   if [ -f "$KUEUE_DIR/.complete" ]; then
     log "kueue $KUEUE_VERSION cached in $KUEUE_DIR"
     return
@@ -277,17 +269,27 @@ build_coredns() {
   log "coredns $COREDNS_VERSION built into $COREDNS_DIR"
 }
 
-build_k8s
-build_helm
-build_kubeflow
-build_kueue
-if [ "${KUBETRAIN_SKIP_NODE:-0}" = 1 ]; then
-  log "real node skipped (KUBETRAIN_SKIP_NODE=1)"
-elif [ "$(id -u)" -ne 0 ]; then
+ALL_COMPONENTS=(k8s helm kueue kubeflow node)
+WANTED=("$@")
+[ $# -gt 0 ] || WANTED=("${ALL_COMPONENTS[@]}")
+for c in "${WANTED[@]}"; do
+  case " ${ALL_COMPONENTS[*]} " in
+    *" $c "*) ;;
+    *) echo "install.sh: unknown component '$c' (expected some of: ${ALL_COMPONENTS[*]})" >&2; exit 2 ;;
+  esac
+done
+wanted() { case " ${WANTED[*]} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+log "components: ${WANTED[*]}"
+
+! wanted k8s || build_k8s
+! wanted helm || build_helm
+! wanted kubeflow || build_kubeflow
+! wanted kueue || build_kueue
+if wanted node && [ "$(id -u)" -ne 0 ]; then
   # Its tests skip without root anyway (tests/support/node.py's missing()): no minutes of builds
   # and no packages for them.
   log "real node skipped: not root (it runs containerd and changes network and mounts)"
-else
+elif wanted node; then
   NODE_START=$SECONDS
   install_node_packages
   build_node
@@ -296,7 +298,7 @@ else
   echo "NODE=$NODE_DIR COREDNS=$COREDNS_DIR"
 fi
 log "done in $((SECONDS - START)) s"
-echo "K8S_BIN=$K8S_BIN"
-[ "${KUBETRAIN_SKIP_HELM:-0}" = 1 ] || echo "HELM=$HELM_DIR/helm"
-[ "${KUBETRAIN_SKIP_KUBEFLOW:-0}" = 1 ] || echo "KUBEFLOW=$KUBEFLOW_DIR"
-[ "${KUBETRAIN_SKIP_KUEUE:-0}" = 1 ] || echo "KUEUE=$KUEUE_DIR"
+! wanted k8s || echo "K8S_BIN=$K8S_BIN"
+! wanted helm || echo "HELM=$HELM_DIR/helm"
+! wanted kubeflow || echo "KUBEFLOW=$KUBEFLOW_DIR"
+! wanted kueue || echo "KUEUE=$KUEUE_DIR"

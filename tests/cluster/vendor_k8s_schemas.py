@@ -5,7 +5,7 @@
 Starts the test control plane (tests/cluster/install.sh's binaries), reads the apiserver's
 OpenAPI v3 document for core/v1 and writes `kubetrain.api.k8s_schemas.structural()` of it.
 The version in the file name is the one install.sh pins; tests/test_k8s_schemas.py fails
-when the two differ, and its cluster test when the snapshot drifts from the apiserver.
+when the two differ, and tests/test_control_plane.py when the snapshot drifts from the apiserver.
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ def test_helm_install_cluster_mode_grants_exactly_the_operator_rules(
         assert not can_i(control_plane, subject, verb, resource, extra_namespaces[0]), f"may {verb} {resource}"
 
     # The upgrade story: Helm never upgrades crds/, so an upgrade applies the chart's CRD first
-    # (the command NOTES.txt and the README give), taking over the fields Helm created.
+    # (the command NOTES.txt and docs/install.md give), taking over the fields Helm created.
     crds = helm(control_plane, "show", "crds", str(CHART))
     kubectl(control_plane, "apply", "--server-side", "--force-conflicts", "-f", "-", input=crds)
     assert "helm show crds" in out

@@ -15,6 +15,8 @@ from support.tools import ROOT, missing_tool, which
 from kubetrain.api.contract import DEFAULT_COMMAND
 from kubetrain.operator.render import RUN_AS_USER
 
+pytestmark = pytest.mark.unit
+
 DOCKERFILE = ROOT / "Dockerfile"
 
 

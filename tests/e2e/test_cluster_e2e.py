@@ -13,7 +13,7 @@ log, the job's events, rank 0's log and the provider's own story (support.diagno
 
 The CPU knob: digits-cpu asks `cpu: "1"` per node and a one-node cluster of 2 CPUs cannot also
 fit the operator's 100m, so the chart is installed with `--set resources.requests.cpu=0`
-(README, "End to end").
+(docs/testing.md, "The CPU knob").
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from support.waiting import wait_for
 
 from kubetrain.api.records import records_in
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(60 * 60)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60 * 60)]
 
 RELEASE = OPERATOR_NS = "kubetrain"
 JOB_NS = "e2e"
@@ -115,6 +115,8 @@ def test_the_user_path_end_to_end(e2e_cluster: Provider, capsys: pytest.CaptureF
         install_operator(run)
         train_the_example(run)
         restart_and_resume(run)
+        for how in ("delete", "evict", "suspend"):
+            no_step_lost(run, how)
     finally:
         stop.set()
         peak = {part: round(mib) for part, mib in run.peak_mib.items()}
@@ -253,7 +255,7 @@ def restart_and_resume(run: Scenario) -> None:
         assert run.job(job)["status"].get("phase") == "Running", "finished before it could be interrupted"
         run.kubectl("delete", "pod", f"{job}-node-1", "-n", JOB_NS, "--wait=false")
         deleted = time.time()
-        wait_for(lambda: run.job(job)["status"].get("restarts", 0) >= 1, 300, f"{job} restarts >= 1", interval=1)
+        wait_for(lambda: run.job(job)["status"].get("attempt", 0) >= 1, 300, f"{job} attempt >= 1", interval=1)
         check_previous_attempt(run.logs(job, "--previous-attempt"))
     with run.diagnose.step(f"{job}: kubetrain logs -f of the new attempt until its pods end", job=job):
         attempt1 = f"kubetrain.dev/job-name={job},kubetrain.dev/attempt=1"
@@ -276,7 +278,8 @@ def restart_and_resume(run: Scenario) -> None:
             "wait", "-n", JOB_NS, "--for=condition=Succeeded", f"trainingjob/{job}", "--timeout=120s", timeout=140
         )
         status = run.job(job)["status"]
-        assert (status["restarts"], status["attempt"]) == (1, 1), status
+        # A deleted pod is a disruption: restarted, not counted against maxRestarts.
+        assert (status["restarts"], status["uncountedRestarts"], status["attempt"]) == (0, 1, 1), status
         assert status["failures"][0]["reason"] == "PodDeleted", status["failures"]
         assert status["progress"]["percent"] == 100, status["progress"]
 
@@ -293,3 +296,76 @@ def check_previous_attempt(previous: subprocess.CompletedProcess[str]) -> None:
         assert previous.stderr == "", previous
     else:
         assert " are gone " in previous.stderr or "no pod of attempt 0" in previous.stderr, previous
+
+
+# --- no step lost to a disruption (#24) -------------------------------------------------------
+
+# Periodic saves off (only epoch ends, every 22 steps): a step is saved at a stop only because
+# the pod was asked to stop. From step 30 rank 0 takes 0.3 s a step (KUBETRAIN_FAULT slow, once
+# per job): the first attempt cannot finish before the disruption, by construction.
+STOP_AT_OR_AFTER = 31
+HELD = "slow,rank=0,step=30,ms=300"
+
+
+def zero_loss_job(job: str) -> str:
+    doc = yaml.safe_load_all(DIGITS_CPU.read_text().replace("digits-cpu", job))
+    pvc, spec = (d for d in doc if d)
+    spec["spec"]["training"].update(epochs=20, logEverySteps=1)
+    spec["spec"]["checkpoint"]["everySteps"] = 1_000_000
+    spec["spec"]["env"] = [{"name": "KUBETRAIN_FAULT", "value": HELD}]
+    return yaml.safe_dump_all([pvc, spec])
+
+
+def disrupt(run: Scenario, job: str, how: str) -> None:
+    pod = f"{job}-node-1"
+    if how == "delete":
+        run.kubectl("delete", "pod", pod, "-n", JOB_NS, "--wait=false")
+    elif how == "evict":
+        eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": JOB_NS}}
+        run.kubectl(
+            "create", "--raw", f"/api/v1/namespaces/{JOB_NS}/pods/{pod}/eviction", "-f", "-", input=json.dumps(eviction)
+        )
+    else:  # suspend, then resume once every pod is gone
+        patch = {"spec": {"runPolicy": {"suspend": True}}}
+        run.kubectl("patch", "trainingjob", job, "-n", JOB_NS, "--type=merge", "-p", json.dumps(patch))
+        selector = f"kubetrain.dev/job-name={job}"
+        wait_for(
+            lambda: not run.kubectl("get", "pods", "-n", JOB_NS, "-l", selector, "-o", "name").stdout.strip(),
+            300,
+            f"{job}'s pods gone while suspended",
+            interval=1,
+        )
+        assert run.job(job)["status"]["phase"] == "Suspended"
+        patch["spec"]["runPolicy"]["suspend"] = False
+        run.kubectl("patch", "trainingjob", job, "-n", JOB_NS, "--type=merge", "-p", json.dumps(patch))
+
+
+def no_step_lost(run: Scenario, how: str) -> None:
+    """The pod of node 1 deleted, evicted, or the job suspended and resumed, mid-epoch: the next
+    attempt starts at the last step the first one trained; a disruption is not counted."""
+    job = f"zero-loss-{how}"
+    run.cluster.volume(f"{job}-checkpoints")
+    with run.diagnose.step(f"{job}: {how} mid-epoch", job=job):
+        run.kubectl("apply", "-n", JOB_NS, "-f", "-", input=zero_loss_job(job))
+        wait_for(
+            lambda: (run.job(job).get("status", {}).get("progress") or {}).get("step", 0) >= STOP_AT_OR_AFTER,
+            600,
+            f"{job} past step {STOP_AT_OR_AFTER}",
+            interval=1,
+        )
+        disrupt(run, job, how)
+    with run.diagnose.step(f"{job}: Succeeded with no step lost", job=job):
+        run.kubectl(
+            "wait", "-n", JOB_NS, "--for=condition=Succeeded", f"trainingjob/{job}", f"--timeout={WAIT}", timeout=960
+        )
+        status = run.job(job)["status"]
+        first = records_in(run.logs(job, "--attempt", "0", "--rank", "0").stdout.replace("[node-0] ", ""))
+        second = records_in(run.logs(job, "--attempt", "1", "--rank", "0").stdout.replace("[node-0] ", ""))
+        trained = max(r["step"] for r in first if r["event"] == "step")
+        (saved,) = [r for r in first if r["event"] == "checkpoint" and r.get("reason") == "signal"]
+        (resumed,) = [r for r in second if r["event"] == "resume"]
+        assert saved["step"] == resumed["step"] == trained >= STOP_AT_OR_AFTER, (trained, saved, resumed)
+        assert saved["step"] % 22 != 0, "mid-epoch: not an epoch end's save"
+        uncounted = 0 if how == "suspend" else 1
+        assert (status["restarts"], status.get("uncountedRestarts", 0), status["attempt"]) == (0, uncounted, 1), status
+        assert status["progress"]["percent"] == 100, status["progress"]

@@ -12,6 +12,8 @@ import pytest
 from support import providers
 from support.controlplane import Unavailable
 
+pytestmark = pytest.mark.unit
+
 
 def test_an_unknown_provider_names_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(providers.PROVIDER_ENV, "minikube")

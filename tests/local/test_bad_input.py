@@ -13,6 +13,8 @@ from typer.testing import CliRunner
 
 from kubetrain.cli.main import app
 
+pytestmark = pytest.mark.unit
+
 # Every job's nodes would create this file if anything started.
 MARKER = "started"
 

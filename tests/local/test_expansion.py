@@ -14,6 +14,8 @@ from support.local_runs import run_cli, summary
 from kubetrain.local import plan as local
 from kubetrain.local.localize import expand, expand_env
 
+pytestmark = pytest.mark.unit
+
 VARS = {"A": "a", "B": "b", "EMPTY": "", "WITH SPACE": "s", "DOLLAR": "$(A)"}
 
 

@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 from support.jobs import fake_job, write_job
 from support.local_runs import KUBETRAIN, finish_run, run_status, summary
 
 from kubetrain.api.models import TrainingJobStatus
 from kubetrain.operator.status import get_condition
+
+pytestmark = pytest.mark.unit
 
 
 def run(job: dict[str, Any], tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], TrainingJobStatus]:

@@ -11,9 +11,12 @@ import textwrap
 from pathlib import Path
 
 import psutil
+import pytest
 from support.jobs import fake_job, write_job
 from support.local_runs import KUBETRAIN, alive, finish_run, start_run, summary
 from support.waiting import wait_for
+
+pytestmark = pytest.mark.unit
 
 
 def running(pid: int) -> bool:

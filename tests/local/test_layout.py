@@ -6,6 +6,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 LOCAL = Path(__file__).resolve().parents[2] / "local"
 
 

@@ -11,9 +11,10 @@ import pytest
 from support.jobs import digits_job, fake_job, write_job
 from support.local_runs import is_root, records, start_run, summary
 
-pytestmark = pytest.mark.skipif(
-    not is_root() or shutil.which("ip") is None, reason="--netns needs root and iproute2's `ip`"
-)
+pytestmark = [
+    pytest.mark.unit,
+    pytest.mark.skipif(not is_root() or shutil.which("ip") is None, reason="--netns needs root and iproute2's `ip`"),
+]
 
 # Node 0 accepts one connection on MASTER_ADDR:MASTER_PORT; node 1 connects and both report
 # the addresses they saw.

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from support.local_runs import run_cli
 
 from kubetrain.local.plot import curves
+
+pytestmark = pytest.mark.unit
 
 
 def rec(event: str, step: int, **fields: float | str) -> dict[str, object]:

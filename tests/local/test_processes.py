@@ -14,6 +14,8 @@ import pytest
 
 from kubetrain.local.processes import ProcessTree, note_groups, stop, subreaper
 
+pytestmark = pytest.mark.unit
+
 # A worker as torchrun starts one: in a session of its own; this one also ignores SIGTERM, so only
 # a SIGKILL of its own group ends it.
 WORKER = (

@@ -9,12 +9,15 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support.jobs import fake_job, write_job
 from support.local_runs import finish_run, run_status, summary
 
 from kubetrain.api.models import TrainingJobStatus
 from kubetrain.api.records import fold
 from kubetrain.operator.status import get_condition
+
+pytestmark = pytest.mark.unit
 
 RECORDS = [
     {"event": "start", "time": 1_800_000_000, "step": 0, "epoch": 0, "total_steps": 10},

@@ -17,7 +17,7 @@ from support.jobs import DIGITS_CPU, digits_job, write_job
 from support.local_runs import alive, records, run_cli, run_status, start_run, summary
 from support.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.unit, pytest.mark.slow]
 
 
 def final_state(run_dir: Path) -> dict[str, Any]:
@@ -55,17 +55,30 @@ KILL_JOB = {"epochs": 20, "maxSteps": 600, "logEverySteps": 5}
 HOLD = "hang,rank=1,step=25"
 
 
+def reference_and_faulted(tmp_path: Path, job: dict[str, Any], fault: str) -> Path:
+    """Run `job` to its end as the reference (tmp_path/reference); return its file with
+    KUBETRAIN_FAULT set (the fault changes timing only, never the weights)."""
+    reference = start_run(write_job(tmp_path, job), tmp_path / "reference")
+    out, _ = reference.communicate(timeout=300)
+    assert reference.returncode == 0, out[-4000:]
+    faulted = copy.deepcopy(job)
+    faulted["spec"]["env"] = [{"name": "KUBETRAIN_FAULT", "value": fault}]
+    return write_job(tmp_path, faulted, "faulted.yaml")
+
+
+def assert_same_weights_as_the_reference(tmp_path: Path, run_dir: Path) -> int:
+    """The final checkpoint of `run_dir` is bitwise the reference's; returns its step."""
+    expected, got = final_state(tmp_path / "reference")["state"], final_state(run_dir)["state"]
+    assert got["step"] == expected["step"] and expected["model"].keys() == got["model"].keys()
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, got["model"][name]), f"{name} differs from the uninterrupted run"
+    return int(got["step"])
+
+
 def test_killing_a_node_restarts_the_gang_and_ends_with_the_same_weights(tmp_path: Path) -> None:
     job = digits_job(**KILL_JOB)
     job["spec"]["checkpoint"]["everySteps"] = 20
-    job_file = write_job(tmp_path, job)
-    held = copy.deepcopy(job)
-    held["spec"]["env"] = [{"name": "KUBETRAIN_FAULT", "value": HOLD}]
-    held_file = write_job(tmp_path, held, "held.yaml")
-
-    reference = start_run(job_file, tmp_path / "reference")
-    out, _ = reference.communicate(timeout=300)
-    assert reference.returncode == 0, out[-4000:]
+    held_file = reference_and_faulted(tmp_path, job, HOLD)
 
     run_dir = tmp_path / "killed"
     proc = start_run(held_file, run_dir)
@@ -87,11 +100,7 @@ def test_killing_a_node_restarts_the_gang_and_ends_with_the_same_weights(tmp_pat
     saved = max(r["step"] for r in metrics[:second] if r["event"] == "checkpoint")
     assert resumed == saved and max(first_attempt_steps) <= 25 < total, "killed while held, resumed from its last save"
 
-    expected, got = final_state(tmp_path / "reference")["state"], final_state(run_dir)["state"]
-    assert got["step"] == expected["step"] == total
-    assert expected["model"].keys() == got["model"].keys()
-    for name, tensor in expected["model"].items():
-        assert torch.equal(tensor, got["model"][name]), f"{name} differs after the resumed run"
+    assert assert_same_weights_as_the_reference(tmp_path, run_dir) == total
 
 
 def test_sigint_mid_training_leaves_no_process(tmp_path: Path) -> None:
@@ -121,14 +130,7 @@ SLOW = "slow,rank=0,step=30,ms=300"
 def test_ctrl_c_checkpoints_the_current_step_and_a_rerun_loses_none(tmp_path: Path) -> None:
     job = digits_job(**STOP_JOB)
     job["spec"]["checkpoint"]["everySteps"] = 1_000_000
-    reference_file = write_job(tmp_path, job)
-    slow = copy.deepcopy(job)
-    slow["spec"]["env"] = [{"name": "KUBETRAIN_FAULT", "value": SLOW}]
-    slow_file = write_job(tmp_path, slow, "slow.yaml")
-
-    reference = start_run(reference_file, tmp_path / "reference")
-    out, _ = reference.communicate(timeout=300)
-    assert reference.returncode == 0, out[-4000:]
+    slow_file = reference_and_faulted(tmp_path, job, SLOW)
 
     run_dir = tmp_path / "stopped"
     proc = start_run(slow_file, run_dir)
@@ -150,7 +152,4 @@ def test_ctrl_c_checkpoints_the_current_step_and_a_rerun_loses_none(tmp_path: Pa
     assert [r["step"] for r in resumed] == [reached], "0 steps lost"
     assert resumed[0]["reason"] == "signal"
 
-    expected, got = final_state(tmp_path / "reference")["state"], final_state(run_dir)["state"]
-    assert got["step"] == expected["step"]
-    for name, tensor in expected["model"].items():
-        assert torch.equal(tensor, got["model"][name]), f"{name} differs after the stopped and resumed run"
+    assert_same_weights_as_the_reference(tmp_path, run_dir)

@@ -16,6 +16,8 @@ from kubetrain.api.models import TrainingJob
 from kubetrain.local.plan import NodeProcess
 from kubetrain.local.volumes import NO_CHOICES, LocalChoices, UnmappableError, plan_volumes
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 BYO_DATA = ROOT / "examples" / "byo-data.yaml"
 
@@ -205,8 +207,18 @@ def test_byo_data_example_reads_its_dataset_from_the_volume(tmp_path: Path) -> N
     writer = [sys.executable, str(ROOT / "examples" / "byo_data_train.py"), "--write-dataset", str(dataset)]
     subprocess.run(writer, check=True, capture_output=True, timeout=120)
     run_dir = tmp_path / "run"
+    # One node reads the mapped volume as any would, at half the processes of the example's two.
     done = run_cli(
-        "run", str(BYO_DATA), "--local", "--volume", f"dataset={dataset}", "--run-dir", str(run_dir), timeout=600
+        "run",
+        str(BYO_DATA),
+        "--local",
+        "--nodes",
+        "1",
+        "--volume",
+        f"dataset={dataset}",
+        "--run-dir",
+        str(run_dir),
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     mounts = json.loads((run_dir / "local-volumes.json").read_text())["mounts"]

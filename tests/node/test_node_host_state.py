@@ -12,7 +12,7 @@ from support import node as real
 from support.nodeconfig import BRIDGE
 from support.nodepods import node_or_skip, restricted_namespace, run_pod, scratch_pod
 
-pytestmark = pytest.mark.cluster
+pytestmark = pytest.mark.node
 CHAIN = "KUBETRAIN-TEST-LEFTOVER"
 
 

@@ -20,7 +20,7 @@ from support.nodeconfig import KUBERNETES_SERVICE_IP, POD_CIDR, SERVICE_CIDR
 from support.nodepods import SCRATCH_IMAGE, pod_logs, restricted_namespace, run_pod, scratch_pod
 from support.waiting import wait_for
 
-pytestmark = pytest.mark.cluster
+pytestmark = pytest.mark.node
 
 
 def test_scratch_pod_runs_and_kubectl_logs_reads_it_through_the_kubelet(real_node: RealNode) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support import nodepods
 
-pytestmark = pytest.mark.cluster
+pytestmark = pytest.mark.bench
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -24,6 +24,8 @@ from kubetrain.operator.refusal import BLOCKED
 from kubetrain.operator.render import RenderSettings, render_pod
 from kubetrain.operator.settings import OperatorSettings
 
+pytestmark = pytest.mark.unit
+
 KEY = ("ns", "j")
 NO_SA = 'pods "j-node-{}" is forbidden: error looking up service account ns/trainer: serviceaccount "trainer" not found'
 QUOTA = 'pods "j-node-1" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=1, limited: pods=1'

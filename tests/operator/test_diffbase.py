@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import kopf
+import pytest
 
 from kubetrain.api import naming
 from kubetrain.operator import handlers
+
+pytestmark = pytest.mark.unit
 
 
 def test_no_handler_needs_a_diff_base() -> None:

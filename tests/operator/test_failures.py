@@ -13,6 +13,8 @@ from kubetrain.api.records import fold
 from kubetrain.operator.failures import completed, describe_rule, judge
 from kubetrain.operator.pods import PodCondition
 
+pytestmark = pytest.mark.unit
+
 DISRUPTED = (PodCondition("DisruptionTarget", "True", "EvictionByEvictionAPI"),)
 
 

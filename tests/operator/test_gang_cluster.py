@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 from support import controlplane
-from support.controlplane import ControlPlane, Unavailable
+from support.controlplane import ControlPlane
 from support.kubelet import FakeKubelet, schedulable_node
 from support.objects import Cluster, condition, has_condition
 from support.operator_process import OperatorProcess
-from support.tools import missing_tool
+from support.tools import control_plane
 from support.waiting import wait_for
 
 from kubetrain.api import naming
@@ -37,25 +37,16 @@ def gang_plane() -> Iterator[ControlPlane]:
     """A control plane of this module's own (the session's has no scheduler), with the PodGroup
     API served and enforced, our CRD and scheduler-plugins' PodGroup CRD installed, and three
     one-CPU Nodes."""
-    try:
-        bin_dir = controlplane.find_k8s_bin()
-    except Unavailable as exc:
-        missing_tool(str(exc))
-    cp = controlplane.start(
-        bin_dir=bin_dir,
-        scheduler=True,
-        feature_gates=dict.fromkeys(podgroup.FEATURE_GATES, True),
-        runtime_config=[f"{podgroup.NATIVE.api_version}=true"],
-    )
-    try:
+    gates = dict.fromkeys(podgroup.FEATURE_GATES, True)
+    with control_plane(
+        scheduler=True, feature_gates=gates, runtime_config=[f"{podgroup.NATIVE.api_version}=true"]
+    ) as cp:
         controlplane.install_crds(cp, ROOT / "crds")
         controlplane.install_crds(cp, COSCHEDULING_CRD)
         with cp.api_client() as api:
             for name in NODES:
                 schedulable_node(client.CoreV1Api(api), name, cpu="1")
         yield cp
-    finally:
-        cp.stop()
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ from kubetrain.api import naming
 from kubetrain.operator.informer import Index, Informer
 from kubetrain.operator.kube import ApiError
 
+pytestmark = pytest.mark.unit
+
 Event = dict[str, Any]
 
 

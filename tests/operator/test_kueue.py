@@ -18,6 +18,8 @@ from kubetrain.operator.decision import Hold
 from kubetrain.operator.render import RenderSettings, render_pod
 from kubetrain.operator.status import decide, get_condition
 
+pytestmark = pytest.mark.unit
+
 NOW = datetime(2026, 11, 23, 8, 0, tzinfo=UTC)
 EARLIER = "2026-11-23T07:00:00Z"
 

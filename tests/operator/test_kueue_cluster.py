@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from support import controlplane
+from support import controlplane, tools
 from support import kueue as kueue_support
 from support.controlplane import ControlPlane, Unavailable
 from support.kubelet import FakeKubelet
@@ -36,14 +36,10 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     for the fixtures that build on `control_plane`: namespace, cluster, kubelet)."""
     try:
         kueue_support.find_kueue()
-        cp = controlplane.start(bin_dir=controlplane.find_k8s_bin())
     except Unavailable as exc:
         missing_tool(str(exc))
-    try:
-        with kueue_support.running(cp):
-            yield cp
-    finally:
-        cp.stop()
+    with tools.control_plane() as cp, kueue_support.running(cp):
+        yield cp
 
 
 @pytest.fixture(scope="module")

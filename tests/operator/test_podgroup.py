@@ -16,6 +16,8 @@ from kubetrain.operator import podgroup
 from kubetrain.operator.render import owner_reference
 from kubetrain.operator.status import Decision, Policy, decide, get_condition
 
+pytestmark = pytest.mark.unit
+
 NATIVE, NONE = "native", "none"
 
 

@@ -11,6 +11,8 @@ import pytest
 from kubetrain.api.models import LastCheckpoint, Progress
 from kubetrain.api.records import fold as parse
 
+pytestmark = pytest.mark.unit
+
 
 def line(event: str, **fields: Any) -> str:
     record = {"event": event, "time": 1_700_000_000.5, "step": 0, "epoch": 0, "total_steps": 200} | fields

@@ -19,6 +19,8 @@ from kubetrain.operator.controller import Controller, JobState
 from kubetrain.operator.settings import OperatorSettings
 from kubetrain.operator.status import Decision, PodView
 
+pytestmark = pytest.mark.unit
+
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 LOG = "\n".join(
     json.dumps({"event": "step", "time": 1.7e9, "step": s, "epoch": 0, "total_steps": 100, "loss": 1.0 / s})

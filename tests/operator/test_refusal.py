@@ -15,6 +15,8 @@ from kubetrain.api.models import TrainingJob, TrainingJobStatus
 from kubetrain.operator.refusal import BLOCKED, FAILED, classify, settle
 from kubetrain.operator.status import Decision, decide, get_condition
 
+pytestmark = pytest.mark.unit
+
 T1 = T0 + timedelta(seconds=5)
 SA = 'pods "j-node-0" is forbidden: error looking up service account ns/trainer: serviceaccount "trainer" not found'
 QUOTA = 'pods "j-node-1" is forbidden: exceeded quota: compute, requested: cpu=2, used: cpu=2, limited: cpu=3'

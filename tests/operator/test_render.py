@@ -13,6 +13,8 @@ from kubetrain.api.models import TrainingJob
 from kubetrain.api.training import TrainConfig
 from kubetrain.operator.render import RenderSettings, render_pod, render_pods, render_service
 
+pytestmark = pytest.mark.unit
+
 UID = "0b6c3c2e-1111-2222-3333-444455556666"
 
 

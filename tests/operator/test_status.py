@@ -16,6 +16,8 @@ from kubetrain.operator.decision import DEFAULT_POLICY
 from kubetrain.operator.render import render_pod
 from kubetrain.operator.status import Decision, PodView, StaleView, decide, get_condition, is_true
 
+pytestmark = pytest.mark.unit
+
 
 def make_job(status: dict[str, Any] | None = None, generation: int = 1, **spec: Any) -> TrainingJob:
     spec.setdefault("nodes", 3)

@@ -11,6 +11,8 @@ from support.jobs import job_model
 from kubetrain.operator.pods import PodView
 from kubetrain.operator.render import render_pod
 
+pytestmark = pytest.mark.unit
+
 SIDECAR = {"name": "log-shipper", "image": "fluent-bit:3", "restartPolicy": "Always"}
 
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from kubetrain.operator.workqueue import Key, WorkQueue
+
+pytestmark = pytest.mark.unit
 
 
 def test_burst_of_triggers_coalesces_into_one_more_run() -> None:

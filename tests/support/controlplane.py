@@ -36,6 +36,9 @@ BIN_ENV = "KUBETRAIN_K8S_BIN"
 K8S_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
 SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+# What a healthy control plane never logs: a Go panic (one a request handler recovered from
+# included) or a klog fatal line.
+TROUBLE = re.compile(r"^(panic: |F\d{4} )|Observed a panic")
 
 
 class ToolError(subprocess.CalledProcessError):
@@ -284,6 +287,16 @@ class ControlPlane:
             parts.append(f"--- {log.name} (last {len(lines)} lines)\n" + "\n".join(lines))
         return "\n".join(parts)
 
+    def trouble(self) -> list[str]:
+        """The components that exited on their own, and the lines of TROUBLE in the logs."""
+        found = [
+            f"{name} exited with {proc.returncode}" for name, proc in self.processes.items() if proc.poll() is not None
+        ]
+        for log in sorted(self.logs.glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()
+            found += [f"{log.name}: {line[:300]}" for line in lines if TROUBLE.search(line)]
+        return found
+
     def stop(self, grace: float = 10) -> None:
         """Terminate what this object started, newest first (PIDs it holds; nothing else)."""
         for proc in reversed(list(self.processes.values())):
@@ -466,11 +479,17 @@ def _scheduler_argv(cp: ControlPlane, port: int, gates: list[str]) -> list[str]:
 
 @contextlib.contextmanager
 def running(**kwargs: Any) -> Iterator[ControlPlane]:
+    """A control plane (start's arguments) for the `with` block, stopped at its end. A block
+    that ends normally then fails if a component exited on its own or logged a panic or a
+    fatal error: a control plane that broke under the tests must not pass unnoticed."""
     cp = start(**kwargs)
     try:
         yield cp
+        trouble = cp.trouble()
     finally:
         cp.stop()
+    if trouble:
+        raise AssertionError("the control plane was not clean:\n  " + "\n  ".join(trouble) + f"\nlogs in {cp.logs}")
 
 
 def install_crds(cp: ControlPlane, crds: Path) -> ControlPlane:

@@ -3,17 +3,20 @@ and what the operator's RBAC must be."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from support.controlplane import ControlPlane, find_tool, service_account_kubeconfig
+from support import controlplane
+from support.controlplane import ControlPlane, Unavailable, find_tool, service_account_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kubetrain"
@@ -49,6 +52,18 @@ def missing_tool(what: str) -> None:
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(f"{REQUIRE_ENV}=1 but {what}", pytrace=False)
     pytest.skip(what)
+
+
+@contextlib.contextmanager
+def control_plane(**kwargs: Any) -> Iterator[ControlPlane]:
+    """controlplane.running() for a fixture (start's arguments): missing binaries are a skip
+    naming them, a failure under REQUIRE_ENV=1; the log is checked at the end."""
+    try:
+        kwargs.setdefault("bin_dir", controlplane.find_k8s_bin())
+    except Unavailable as exc:
+        missing_tool(f"control plane unavailable: {exc}")
+    with controlplane.running(**kwargs) as cp:
+        yield cp
 
 
 def helm_binary() -> Path:

@@ -10,6 +10,9 @@ import textwrap
 from typing import Any
 
 import psutil
+import pytest
+
+pytestmark = pytest.mark.unit
 
 SCRIPT = textwrap.dedent(
     f"""

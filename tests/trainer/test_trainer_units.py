@@ -31,6 +31,8 @@ from kubetrain.trainer.dist import ContractError, MasterUnreachableError, hold_a
 from kubetrain.trainer.metrics import MetricsLogger
 from kubetrain.trainer.model import build_model
 
+pytestmark = pytest.mark.unit
+
 # --- env contract ---------------------------------------------------------------------------
 
 
@@ -118,14 +120,14 @@ def test_node0_holds_its_agent_until_the_others_wait_in_the_exit_barrier(
     store = TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
     key = f"{environ.get('TORCHELASTIC_RUN_ID', 'none')}/torchelastic/agent/terminal_state/num_members"
     store.add(key, others_arrived)
+    # Where the others arrived (or none are awaited) the call returns True long before a timeout
+    # that no loaded machine reaches; where one is missing it returns False after a short one.
+    timeout = 0.3 if held_until_arrival is False else 60.0
     start = time.monotonic()
-    held = hold_agent_store(store, environ, timeout_s=0.3, interval_s=0.01)
+    held = hold_agent_store(store, environ, timeout_s=timeout, interval_s=0.01)
     waited = time.monotonic() - start
-    if held_until_arrival is None:  # nothing to wait for
-        assert held and waited < 0.2
-    else:
-        assert held is held_until_arrival
-        assert (waited >= 0.3) is (not held_until_arrival)
+    assert held is (held_until_arrival is not False)
+    assert waited >= 0.3 if held_until_arrival is False else waited < 30
 
 
 # --- data and models ------------------------------------------------------------------------

@@ -1,0 +1,51 @@
+"""A Stalled gang names the rank that hung, from every rank's stacks: rank 1 of 3 blocks outside
+any collective in a script of its own, under a bare torchrun, through `kubetrain run --local`."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+from support.jobs import write_job
+from support.local_runs import finish_run, run_status
+from support.workloads import hang_rank1
+
+from kubetrain.operator.status import get_condition
+
+pytestmark = [pytest.mark.unit, pytest.mark.slow]
+
+SCRIPT = Path(inspect.getfile(hang_rank1))
+HANG_LINE = next(n for n, line in enumerate(SCRIPT.read_text().splitlines(), 1) if "the culprit's line" in line)
+
+
+def hang_job(hang_timeout: int) -> dict[str, object]:
+    return {
+        "apiVersion": "kubetrain.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "hang"},
+        "spec": {
+            "nodes": 3,
+            "command": ["torchrun", str(SCRIPT)],
+            "runPolicy": {"maxRestarts": 1, "hangTimeoutSeconds": hang_timeout},
+        },
+    }
+
+
+def test_the_stalled_failure_names_rank_1_and_its_line(tmp_path: Path) -> None:
+    done = finish_run(write_job(tmp_path, hang_job(30)), tmp_path / "run", timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:]
+    status = run_status(tmp_path / "run")
+    assert (status.attempt, status.restarts) == (1, 1), status
+    (failure,) = status.failures or []
+    assert (failure.reason, failure.rank, failure.pod) == ("Stalled", 1, "hang-node-1")
+    where = f"{SCRIPT}:{HANG_LINE} in block_forever"
+    assert "rank 1 not in the collective ranks 0, 2 wait in" in failure.message, failure.message
+    assert where in failure.message, failure.message
+    stalled = get_condition(status, "Stalled")
+    assert stalled is not None and stalled.reason == "ProgressResumed", "the resumed attempt progressed"
+    # Every rank's stacks are in its node's log, the hung rank's with the line it hung on.
+    for rank in range(3):
+        log = (tmp_path / "run" / f"node-{rank}.log").read_text()
+        assert "Timeout (0:00:15)!" in log, f"node {rank} wrote no stacks"
+    assert f'File "{SCRIPT}", line {HANG_LINE} in block_forever' in (tmp_path / "run" / "node-1.log").read_text()

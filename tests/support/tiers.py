@@ -1,0 +1,49 @@
+"""The test tiers, a pytest plugin (tests/conftest.py loads it).
+
+Every test carries exactly one tier marker (pyproject declares them), so that `pytest -m TIER`
+and `bash tests/run.sh --tier TIER` run it with only what that tier needs built:
+
+  unit     Python and torch processes only: no Go binaries, no root, no images
+  cluster  the real control plane (and helm, Kueue: what tests/cluster/install.sh builds)
+  node     root, the real kubelet node and the images
+  e2e      the end-to-end scenario on a real node or kind
+  bench    a benchmark's smoke test
+
+`slow` (real multi-process training) is not a tier: it may be added on top, so that
+`-m "unit and not slow"` is the quickest loop. A test with no tier or two, or a unit test that
+asks for a control-plane fixture, stops the collection with its name: before `-m` deselects
+anything, so every run checks the whole selection it was given.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+TIERS = ("unit", "cluster", "node", "e2e", "bench")
+# Fixtures that start more than Python processes (tests/conftest.py, tests/node/conftest.py).
+CONTROL_PLANE_FIXTURES = frozenset({"control_plane", "kube_api", "crds_installed", "namespace", "real_node"})
+
+
+def tiers_of(item: pytest.Item) -> list[str]:
+    return [tier for tier in TIERS if item.get_closest_marker(tier) is not None]
+
+
+def problems(items: list[pytest.Item]) -> list[str]:
+    found = []
+    for item in items:
+        tiers = tiers_of(item)
+        if len(tiers) != 1:
+            found.append(f"{item.nodeid}: {'no tier' if not tiers else 'tiers ' + ', '.join(tiers)}")
+        elif tiers == ["unit"] and (fixtures := sorted(CONTROL_PLANE_FIXTURES & set(item.fixturenames))):
+            found.append(f"{item.nodeid}: unit, but uses {', '.join(fixtures)}")
+    return found
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    found = problems(items)
+    if found:
+        raise pytest.UsageError(
+            f"every test needs exactly one tier marker of {', '.join(TIERS)} (a module's "
+            "`pytestmark = pytest.mark.unit`, or one per test; tests/support/tiers.py):\n  " + "\n  ".join(found)
+        )
