@@ -203,3 +203,49 @@ def _free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def test_a_node_waits_for_node0_at_a_fixed_interval_before_torch_connects() -> None:
+    """torchrun's static rendezvous, patched: node 1 polls node 0's address every 0.1 s and only
+    then lets torch's store client connect (which backs off with growing gaps on its own)."""
+    import datetime
+    import threading
+    import types
+
+    port = _free_port()
+    calls: list[float] = []
+
+    class StaticTCPRendezvous:
+        def __init__(self, rank: int) -> None:
+            self.rank, self.master_addr, self.master_port = rank, "127.0.0.1", port
+            self.timeout = datetime.timedelta(seconds=10)
+            self._store = None
+
+        def next_rendezvous(self) -> str:
+            calls.append(time.monotonic())
+            return "original"
+
+    module = types.ModuleType("static_tcp_rendezvous")
+    module.StaticTCPRendezvous = StaticTCPRendezvous  # type: ignore[attr-defined]
+    agent.patch_static_rendezvous(module)
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    up: list[float] = []
+
+    def node0_comes_up() -> None:
+        time.sleep(0.6)
+        up.append(time.monotonic())  # before it listens: no connect can succeed earlier
+        listener.bind(("127.0.0.1", port))
+        listener.listen(8)
+
+    threading.Thread(target=node0_comes_up, daemon=True).start()
+    try:
+        assert StaticTCPRendezvous(1).next_rendezvous() == "original"
+        assert calls[0] >= up[0], "torch's connect waited for node 0"
+        # One poll interval (0.1 s) after node 0 listened, and some slack for a loaded machine.
+        assert calls[0] - up[0] < 0.1 + 0.5
+        node0 = StaticTCPRendezvous(0)
+        assert node0.next_rendezvous() == "original" and calls[1] - calls[0] < 0.5, "node 0 hosts: no wait"
+    finally:
+        listener.close()
