@@ -13,7 +13,7 @@ under runPolicy.restartStrategy InPlace or Recreate, and one fault while it trai
 Measured from rank 0's records on the checkpoint volume (every step is logged): the time from
 the fault (the fault's own marker for crash and hang, the API call for delete and evict, the
 resume for suspend) to rank 0's first step of the next attempt; the steps lost (the last step
-before the fault minus the step the next attempt resumed from); the job's status.timeline
+the stopped attempt recorded minus the step the next attempt resumed from); the job's status.timeline
 (its phases, their sum, and how far that sum is from the measured time); the pod uids before
 and after; the load averages. Runs of both strategies alternate, so each pair meets the same
 load.
@@ -137,16 +137,16 @@ class Bench:
             return None if step is None else (start, step)
 
         start, first = wait_for(recovered, 600, f"{name}: the first step after the fault")
-        lost_from = max(
-            (r["step"] for r in records(volume) if r["event"] == "step" and r["time"] <= fault_at), default=0
-        )
+        # The last step the stopped attempt recorded (a stop by SIGTERM runs on to the step it saves).
+        steps_before = [r["step"] for r in records(volume) if r["event"] == "step" and r["time"] < start["time"]]
+        lost_from = max(steps_before, default=0)
         measured = first["time"] - fault_at
         result: dict[str, Any] = {
             "kind": kind,
             "mode": mode,
             "recovery_s": round(measured, 3),
             "steps_lost": lost_from - start["step"],
-            "fault_step": lost_from,
+            "last_step": lost_from,
             "resumed_step": start["step"],
         }
         if mode in MODES:
