@@ -53,6 +53,10 @@ MESSAGE_BYTES = 2048
 STOP_TIMEOUT_S = 10  # for a killed worker to be reaped (one in uninterruptible sleep may never be)
 SIGNAL_EXIT_BASE = 128  # a worker killed by signal N reports 128+N, as container runtimes do
 OOM_EVENTS = (Path("/sys/fs/cgroup/memory.events"), Path("/sys/fs/cgroup/memory/memory.oom_control"))
+# What a store call raises when its host is gone or a value is bad. Never a broader class: torchrun
+# turns SIGTERM into an Exception (SignalException) raised wherever the agent is, and one caught
+# here would leave the pod's agent running until its grace period ran out.
+STORE_ERRORS = (RuntimeError, OSError, ValueError)
 
 
 def enabled() -> bool:
@@ -206,7 +210,7 @@ class InPlace:
     def _peer_failed(self, store: Any) -> bool:
         try:
             return int(store.add(self._key("failed"), 0)) > 0
-        except Exception:
+        except STORE_ERRORS:  # the store's host (node 0's agent) gone: its pod is failing anyway
             return False
 
     def _register(self, group: Any, result: Any) -> None:
@@ -229,7 +233,7 @@ class InPlace:
             if result is not None:
                 store.add(self._key("failed"), 1)
             store.add(self._key("registered"), 1)
-        except Exception as error:
+        except STORE_ERRORS as error:
             log.warning("could not register the failure in the rendezvous store: %s", error)
 
     def _consolidate(self, group: Any) -> dict[str, Any] | None:
@@ -244,7 +248,7 @@ class InPlace:
                 key = self._key("node", node)
                 if store.check([key]):
                     entries.append(json.loads(store.get(key)))
-        except Exception as error:
+        except STORE_ERRORS as error:
             log.warning("could not read the other agents' reports: %s", error)
         failed = [e for e in entries if e.get("failed") and "exit_code" in e]
         if not failed:

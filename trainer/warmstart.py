@@ -78,7 +78,8 @@ def preload(args: Sequence[str]) -> float:
     for name in names:
         try:
             importlib.import_module(name)
-        except Exception as error:
+        except (ImportError, RuntimeError, OSError, ValueError, AttributeError) as error:
+            # Not a broader class: torchrun turns SIGTERM into an Exception, which must stop the agent.
             log.info("not preloaded for the workers: %s (%s)", name, error)
     return time.monotonic() - started
 

@@ -249,3 +249,23 @@ def test_a_node_waits_for_node0_at_a_fixed_interval_before_torch_connects() -> N
         assert node0.next_rendezvous() == "original" and calls[1] - calls[0] < 0.5, "node 0 hosts: no wait"
     finally:
         listener.close()
+
+
+def test_a_stop_signal_in_a_store_call_stops_the_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun turns SIGTERM into an exception raised wherever its agent is. One swallowed as a
+    store error kept a pod's agent holding until its 120 s grace ran out (seen on the real node
+    when a deleted pod's peer was deleted while its agent reported the gang's failure)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    class Stopping(Store):
+        def add(self, key: str, amount: int) -> int:
+            raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+
+    monkeypatch.setenv("KUBETRAIN_ATTEMPT_FILE", str(tmp_path / "attempt"))
+    one = InPlace()
+    with pytest.raises(SignalException):
+        one._peer_failed(Stopping())
+    with pytest.raises(SignalException):
+        one._register(Group(Stopping(), 0, 2), Result({0: Failure(0, 1, time.time())}))
+    with pytest.raises(SignalException):
+        one._consolidate(Group(Stopping(), 0, 2))
