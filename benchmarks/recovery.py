@@ -32,11 +32,14 @@ benchmarks/results/recovery.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -107,12 +110,38 @@ def kubelet_rule_objects(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return objects
 
 
+class LogKeeper:
+    """Keeps every container log the node writes (a hard link per file, taken every second), so
+    a run that went wrong can be read after its pods and their logs were deleted."""
+
+    def __init__(self, pod_logs: Path, into: Path) -> None:
+        self.pod_logs, self.into = pod_logs, into
+        self.stop = threading.Event()
+        into.mkdir(parents=True, exist_ok=True)
+        threading.Thread(target=self._loop, name="log-keeper", daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self.stop.wait(1.0):
+            for log in self.pod_logs.glob("*/*/*.log"):
+                kept = self.into / f"{log.parent.parent.name}-{log.name}"
+                if not kept.exists():
+                    with contextlib.suppress(OSError):
+                        os.link(log, kept)
+
+    def save(self, job: str, where: Path) -> None:
+        """Copy the logs of `job`'s pods to `where`."""
+        where.mkdir(parents=True, exist_ok=True)
+        for kept in self.into.glob(f"{NAMESPACE}_{job}-node-*"):
+            shutil.copy(kept, where / kept.name)
+
+
 class Bench:
     """One run after another on `jobs`: each a job, its fault, its recovery."""
 
-    def __init__(self, jobs: RealJobs) -> None:
+    def __init__(self, jobs: RealJobs, logs: LogKeeper | None = None, failed_logs: Path | None = None) -> None:
         self.jobs = jobs
         self.count = 0
+        self.logs, self.failed_logs = logs, failed_logs
 
     def run(self, kind: str, mode: str) -> dict[str, Any]:
         self.count += 1
@@ -154,6 +183,9 @@ class Bench:
         if mode in MODES:
             result |= self.status_of(name, measured)
         result["same_pods"] = before == jobs.pods(name)
+        if result.get("failure") == "InPlaceRestartTimedOut" and self.logs is not None and self.failed_logs:
+            # The in-place attempt did not meet: its pods' logs say why (kept before they were deleted).
+            self.logs.save(name, self.failed_logs / name)
         result["load_avg_1m"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
         if mode == "RestartAllContainers":
             jobs.kubectl(
@@ -311,7 +343,8 @@ def main() -> None:
         tempfile.TemporaryDirectory(prefix="kubetrain-recovery-") as tmp,
         real_jobs(Path(tmp), NAMESPACE, overlay=args.overlay) as jobs,
     ):
-        bench = Bench(jobs)
+        keeper = LogKeeper(jobs.node.workdir / "pod-logs", Path(tmp) / "kept-logs")
+        bench = Bench(jobs, keeper, args.output.with_suffix(".logs"))
         try:
             for repeat in range(args.repeats):
                 for kind in kinds:

@@ -159,8 +159,11 @@ def stall_due(progress: Progress | None, running_since: datetime, timeout: int) 
 
 
 def describe(failure: Failure) -> str:
-    what = f"node {failure.rank} (pod {failure.pod}"
-    what += f" on {failure.node})" if failure.node else ")"
+    if failure.rank is None and failure.pod is None:
+        what = f"attempt {failure.attempt}"  # a failure of the gang, not of one pod (InPlaceRestartTimedOut)
+    else:
+        what = f"node {failure.rank} (pod {failure.pod}"
+        what += f" on {failure.node})" if failure.node else ")"
     code = f" with exit code {failure.exit_code}" if failure.exit_code is not None else ""
     detail = f": {failure.message.strip().splitlines()[-1]}" if failure.message.strip() else ""
     return f"{what} failed{code} ({failure.reason}){detail}"[:1024]

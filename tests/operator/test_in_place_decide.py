@@ -153,6 +153,7 @@ def test_an_in_place_attempt_that_does_not_rendezvous_in_time_is_recreated() -> 
     assert sorted(d.delete_pods) == sorted((p.name, p.uid) for p in moved) and not d.restart_in_place
     last = (d.status.failures or [])[-1]
     assert last.reason == "InPlaceRestartTimedOut" and "did not complete its rendezvous within 60 s" in last.message
+    assert message_of(d, "Restarting").startswith("attempt 1 failed (InPlaceRestartTimedOut): attempt 1, restarted")
     assert (d.status.attempt, d.status.restarts, d.status.uncounted_restarts) == (2, 1, 1), "not counted twice"
     assert d.status.timeline is not None and d.status.timeline.start == "Recreate"
     # A rendezvous in time: no fallback.
