@@ -49,6 +49,14 @@ RESERVED_ENV = frozenset(
 RESERVED_ENV_PREFIX = "KUBETRAIN_"
 # The fault-injection drill (trainer/faults.py): the one KUBETRAIN_* name a job's env may set.
 FAULT_ENV = "KUBETRAIN_FAULT"
+# The in-place gang restart (trainer/agent.py, runPolicy.restartStrategy InPlace). The pod's
+# attempt as rendered; the file that holds its current attempt (the pod's attempt label, projected
+# by the downward API: the operator moves a living pod to the next attempt by relabelling it);
+# the port the torchrun agent listens on while its workers run (the pod's readiness probe). The
+# agent gives its workers the attempt they run as ATTEMPT_ENV.
+ATTEMPT_ENV = "KUBETRAIN_ATTEMPT"
+ATTEMPT_FILE_ENV = "KUBETRAIN_ATTEMPT_FILE"
+AGENT_PORT_ENV = "KUBETRAIN_AGENT_PORT"
 
 
 def is_reserved(name: str) -> bool:

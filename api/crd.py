@@ -42,6 +42,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {
+        "name": "Waiting-On",
+        "type": "string",
+        "jsonPath": ".status.timeline.waitingOn",
+        "description": "What the current attempt waits on before its first step (status.timeline)",
+        "priority": 1,
+    },
 ]
 
 

@@ -332,6 +332,9 @@ class FailurePolicy(StrictModel):
     )
 
 
+RestartStrategy = Literal["InPlace", "Recreate"]
+
+
 class RunPolicy(StrictModel):
     """How long, how often and when a job runs. All fields may change while the job runs."""
 
@@ -367,6 +370,17 @@ class RunPolicy(StrictModel):
         description=(
             "Restart the gang (failure reason Stalled) when rank 0's progress has not advanced this long "
             "while every pod runs. Needs rank 0's metrics records; off when omitted."
+        ),
+    )
+    restart_strategy: RestartStrategy = Field(
+        "InPlace",
+        description=(
+            "How a gang restart runs when every pod of the gang is still there. `InPlace` (default): the pods "
+            "stay and the torchrun agent in each restarts its workers (a Python exception, a crashed or stalled "
+            "worker); a lost, deleted or evicted pod, or an in-place attempt that does not rendezvous in time, "
+            "recreates the gang. Needs kubetrain's torchrun hooks in the image (the trainer image, or "
+            "`kubetrain run --local`); a pod without them never turns Ready and its failures recreate the gang. "
+            "`Recreate`: every restart deletes and recreates the pods."
         ),
     )
 
@@ -624,6 +638,43 @@ class Failure(StrictModel):
 
 
 MAX_FAILURES_KEPT = 20
+AttemptStart = Literal["Start", "InPlace", "Recreate", "Resume"]
+
+
+class Timeline(StrictModel):
+    """Where the time of the current attempt went, until its first training step. Each time is set
+    once, when that phase ended; a phase the attempt skips stays unset (an in-place restart creates,
+    schedules and starts no pod). Times from rank 0's records keep their fraction of a second."""
+
+    attempt: int = Field(ge=0, description="The attempt these times belong to.")
+    start: AttemptStart = Field(
+        description=(
+            "How the attempt began: `Start` (the job's first), `InPlace` (its pods kept, the workers restarted), "
+            "`Recreate` (the gang's pods deleted and created again), `Resume` (after a suspension)."
+        )
+    )
+    failed_at: datetime | None = Field(None, description="When the failure that ended the previous attempt happened.")
+    detected_at: datetime | None = Field(None, description="When the restart was decided.")
+    pods_created_at: datetime | None = Field(None, description="When the last pod of the attempt was created.")
+    pods_scheduled_at: datetime | None = Field(None, description="When the last pod of the attempt was bound.")
+    containers_started_at: datetime | None = Field(
+        None, description="When the last trainer container of the attempt started."
+    )
+    workers_started_at: datetime | None = Field(
+        None, description="When node 0's torchrun agent started its workers (in-place restarts; its `launch` record)."
+    )
+    rendezvous_at: datetime | None = Field(None, description="When rank 0 joined its process group (`rendezvous`).")
+    first_step_at: datetime | None = Field(None, description="When rank 0 finished its first training step.")
+    phases: str = Field(
+        "",
+        max_length=1024,
+        description="The phases so far and their seconds, e.g. `detect 0.4s, restart workers 0.2s, ...`.",
+    )
+    waiting_on: str = Field(
+        "",
+        max_length=4096,
+        description="What the attempt waits on now, e.g. `scheduling: 0/3 nodes are available`; empty once it trains.",
+    )
 
 
 class TrainingJobStatus(StrictModel):
@@ -649,6 +700,9 @@ class TrainingJobStatus(StrictModel):
     last_checkpoint: LastCheckpoint | None = Field(None, description="Newest complete checkpoint.")
     failures: list[Failure] | None = Field(
         None, max_length=MAX_FAILURES_KEPT, description=f"The last {MAX_FAILURES_KEPT} failed attempts."
+    )
+    timeline: Timeline | None = Field(
+        None, description="Where the current attempt's time went until its first step, and what it waits on now."
     )
 
 

@@ -41,6 +41,12 @@ CONTAINER_NAME = "trainer"
 CHECKPOINT_VOLUME = "checkpoints"
 SHM_VOLUME = "dshm"
 SHM_PATH = "/dev/shm"
+# The pod's own facts for its torchrun agent (the attempt label, by the downward API): read by
+# the in-place restart (trainer/agent.py).
+POD_INFO_VOLUME = "kubetrain-pod"
+POD_INFO_PATH = "/etc/kubetrain-pod"
+ATTEMPT_FILE = "attempt"
+AGENT_PORT_NAME = "agent"
 MASTER_PORT_NAME = "rendezvous"
 
 # Pods carry this finalizer so that a pod being deleted (gang restart, cleanPodPolicy, a user)

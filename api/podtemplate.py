@@ -38,7 +38,8 @@ from kubetrain.api.training import StrictModel
 
 # The CRD generator (crd.py) replaces a node carrying this key with the vendored schema.
 VENDORED_MARK = "x-kubetrain-vendored"
-OWN_VOLUMES = (naming.CHECKPOINT_VOLUME, naming.SHM_VOLUME)
+OWN_VOLUMES = (naming.CHECKPOINT_VOLUME, naming.SHM_VOLUME, naming.POD_INFO_VOLUME)
+OWN_PATHS = (naming.SHM_PATH, naming.POD_INFO_PATH)  # and checkpoint.dir
 OWNED_LABELS = (
     naming.LABEL_JOB,
     naming.LABEL_JOB_UID,
@@ -215,13 +216,17 @@ class TemplatePodSpec(StrictModel):
     volumes: Annotated[Objects, Kube("podSpec", "volumes", (("maxItems", 64),))] | None = Field(
         None,
         description="Volumes for the mounts of the trainer and init containers. "
-        + " and ".join(OWN_VOLUMES)
+        + ", ".join(OWN_VOLUMES)
         + " are kubetrain's names.",
         json_schema_extra={
             "x-kubernetes-validations": [
                 _rule(
                     "self.all(v, !(v.name in " + repr(list(OWN_VOLUMES)) + "))",
-                    "the volume names " + " and ".join(OWN_VOLUMES) + " are kubetrain's (checkpoint.dir, /dev/shm)",
+                    "the volume names "
+                    + ", ".join(OWN_VOLUMES)
+                    + " are kubetrain's (checkpoint.dir, "
+                    + ", ".join(OWN_PATHS)
+                    + ")",
                 )
             ]
         },
@@ -281,8 +286,8 @@ class TemplatePodSpec(StrictModel):
         for index, volume in enumerate(volumes or []):
             if volume.get("name") in OWN_VOLUMES:
                 raise ValueError(
-                    f"[{index}].name: the volume names {' and '.join(OWN_VOLUMES)} are kubetrain's "
-                    "(checkpoint.dir, /dev/shm)"
+                    f"[{index}].name: the volume names {', '.join(OWN_VOLUMES)} are kubetrain's "
+                    f"(checkpoint.dir, {', '.join(OWN_PATHS)})"
                 )
         return volumes
 
@@ -312,9 +317,9 @@ def _collides(path: str, owned: str) -> bool:
 SPEC_RULES: list[JsonDict] = [
     _rule(
         "!(" + _HAS_MOUNTS + f"self.template.spec.containers.size() > 0 && has({_MOUNTS}) && {_MOUNTS}.exists(m, "
-        "[self.checkpoint.dir, '" + naming.SHM_PATH + "'].exists(p, m.mountPath == p || "
+        "[self.checkpoint.dir, " + ", ".join(f"'{p}'" for p in OWN_PATHS) + "].exists(p, m.mountPath == p || "
         "m.mountPath.startsWith(p + '/') || p.startsWith(m.mountPath + '/') || m.mountPath == '/')))",
-        f"a volumeMount may not be at, above or below checkpoint.dir or {naming.SHM_PATH}: kubetrain mounts those",
+        f"a volumeMount may not be at, above or below checkpoint.dir, {', '.join(OWN_PATHS)}: kubetrain mounts those",
         ".template.spec.containers",
     ),
     _rule(
@@ -338,7 +343,7 @@ def _mount_problems(template: PodTemplate, checkpoint_dir: str) -> Iterator[str]
     names = {volume.get("name") for volume in (spec.volumes or [])} if spec else set()
     for index, mount in enumerate((trainer.volume_mounts or []) if trainer else []):
         where = f"template.spec.containers[0].volumeMounts[{index}]"
-        for owned in (checkpoint_dir, naming.SHM_PATH):
+        for owned in (checkpoint_dir, *OWN_PATHS):
             if _collides(str(mount.get("mountPath", "")), owned):
                 yield f"{where}.mountPath: {mount.get('mountPath')!r} collides with {owned}, which kubetrain mounts"
         if mount.get("name") not in names:

@@ -10,18 +10,28 @@ The trainer's rank 0 prints one JSON object per line (`{"event": "step", "time":
 rank 0's container log (`pods/log`, read-only) while the job runs and folds the newest
 records into `status.progress` and `status.lastCheckpoint`. Training pods therefore need no
 Kubernetes credentials at all.
+
+Besides the training records, three mark an attempt's start-up and end (see `fold_timeline` and
+`gang_failure`); they carry `attempt` and no step, so they never move progress:
+* `rendezvous` (the trainer's rank 0, once its process group exists);
+* `launch` (each node's torchrun agent when it started its workers, trainer/agent.py);
+* `failure` (each node's torchrun agent once the gang stopped: the gang's first failure, with the
+  node, process rank, exit code, reason and message the operator records in status.failures[]).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kubetrain.api.models import LastCheckpoint, Progress
+from kubetrain.api.models import LastCheckpoint, Progress, Timeline
 
-EVENTS = ("start", "step", "eval", "checkpoint", "resume", "preflight", "done")
+EVENTS = ("start", "step", "eval", "checkpoint", "resume", "preflight", "done", "rendezvous", "launch", "failure")
+# Records of an attempt's start-up and end: not training progress.
+MARKS = ("rendezvous", "launch", "failure")
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -58,6 +68,14 @@ def _count(value: Any) -> int | None:
 def _time(value: Any) -> datetime | None:
     number = _number(value)
     return datetime.fromtimestamp(number, UTC).replace(microsecond=0) if number is not None else None
+
+
+def _precise_time(value: Any) -> datetime | None:
+    """To the millisecond: the timeline's phases are often shorter than a second."""
+    number = _number(value)
+    if number is None:
+        return None
+    return datetime.fromtimestamp(round(number, 3), UTC)
 
 
 def _mark_done(record: dict[str, Any], progress: Progress | None, update: dict[str, Any]) -> None:
@@ -109,6 +127,8 @@ def fold(
     progress = previous.model_copy() if previous is not None else None
     checkpoint = previous_checkpoint
     for record in records_in(text):
+        if record["event"] in MARKS:
+            continue
         update: dict[str, Any] = {}
         for key, target in (("epoch", "epoch"), ("step", "step"), ("total_steps", "total_steps")):
             if (count := _count(record.get(key))) is not None:
@@ -137,3 +157,75 @@ def fold(
             merged["percent"] = min(100, int(100 * step / total))
         progress = Progress.model_validate(merged)
     return progress, checkpoint
+
+
+def _of_attempt(record: dict[str, Any], timeline: Timeline, since: datetime | None) -> bool:
+    """Whether a record belongs to the timeline's attempt: by its `attempt` when it carries one
+    (kubetrain's trainer and agent do), else by its time (a script's own records)."""
+    attempt = _count(record.get("attempt"))
+    if attempt is not None:
+        return attempt == timeline.attempt
+    when = _precise_time(record.get("time"))
+    return when is not None and since is not None and when >= since
+
+
+# Timeline fields set by the first record of each kind in the attempt (`launch`: node 0's agent).
+_MILESTONES = {"launch": "workers_started_at", "rendezvous": "rendezvous_at", "step": "first_step_at"}
+
+
+def fold_timeline(text: str, timeline: Timeline | None) -> Timeline | None:
+    """The timeline with the attempt's first `launch` (of node 0), `rendezvous` and `step` records
+    found in `text`. Records without an attempt count from the attempt's start (the restart's
+    decision, else its pods' creation)."""
+    if timeline is None:
+        return None
+    since = timeline.detected_at or timeline.pods_created_at
+    update: dict[str, Any] = {}
+    for record in records_in(text):
+        field = _MILESTONES.get(record["event"])
+        if field is None or getattr(timeline, field) is not None or field in update:
+            continue
+        if record["event"] == "launch" and _count(record.get("node")) not in (0, None):
+            continue
+        when = _precise_time(record.get("time"))
+        if when is not None and _of_attempt(record, timeline, since):
+            update[field] = when
+    return timeline.model_copy(update=update) if update else timeline
+
+
+@dataclass(frozen=True)
+class GangFailure:
+    """What a `failure` record says: the first failure of the attempt's gang, as a torchrun agent
+    saw it (the node, the process rank on it, how it exited)."""
+
+    attempt: int
+    node: int
+    rank: int | None
+    exit_code: int | None
+    reason: str
+    message: str
+    time: datetime
+
+
+def gang_failure(text: str, attempt: int) -> GangFailure | None:
+    """The newest `failure` record of `attempt` in `text`."""
+    found = None
+    for record in records_in(text):
+        if record["event"] != "failure" or _count(record.get("attempt")) != attempt:
+            continue
+        node, when = _count(record.get("node")), _precise_time(record.get("time"))
+        if node is None or when is None:
+            continue
+        code = record.get("exit_code")
+        reason = record.get("reason")
+        message = record.get("message")
+        found = GangFailure(
+            attempt=attempt,
+            node=node,
+            rank=_count(record.get("rank")),
+            exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+            reason=reason if isinstance(reason, str) and reason else "Error",
+            message=message if isinstance(message, str) else "",
+            time=when,
+        )
+    return found

@@ -15,7 +15,14 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kubetrain.api.contract import CHECKPOINT_DIR_ENV, MASTER_ADDR, MASTER_PORT, PET_PREFIX
+from kubetrain.api.contract import (
+    AGENT_PORT_ENV,
+    ATTEMPT_FILE_ENV,
+    CHECKPOINT_DIR_ENV,
+    MASTER_ADDR,
+    MASTER_PORT,
+    PET_PREFIX,
+)
 from kubetrain.api.training import CONFIG_ENV, TrainConfig
 
 
@@ -39,6 +46,12 @@ LOCAL_REWRITES: tuple[tuple[str, str], ...] = (
     ),
     (f"{MASTER_PORT}, {PET_PREFIX}{MASTER_PORT}", "spec.masterPort -> a free local port, new for each attempt"),
     (f"{CONFIG_ENV}, {CHECKPOINT_DIR_ENV}", "checkpoint.dir (the volume's mount path) -> <run-dir>/checkpoints"),
+    (
+        ATTEMPT_FILE_ENV,
+        "the pod's attempt label (a downward API file) -> <run-dir>/pods/node-<i>/attempt, written by kubetrain "
+        "(an in-place restart moves a node to the next attempt there)",
+    ),
+    (AGENT_PORT_ENV, "'' (no readiness probe locally: kubetrain reads the agents' records instead)"),
     (CUDA_VISIBLE_DEVICES, "node i gets GPUs [i*gpusPerNode, (i+1)*gpusPerNode) of the visible ones; '' on CPU"),
     (OMP_NUM_THREADS, "the machine's cores shared among all processes (unless set in spec.env)"),
     (PYTHONUNBUFFERED, "1: output is a pipe read line by line"),
@@ -95,11 +108,13 @@ def localize_env(
     threads_per_process: int,
     socket_ifname: str | None = None,
     inherited_pythonpath: str | None = None,
+    attempt_file: Path | None = None,
 ) -> tuple[dict[str, str], dict[str, tuple[str | None, str]]]:
     """The one place a rendered env is changed for a local run (see LOCAL_REWRITES).
 
     `master_addr` None keeps the rendered DNS name (--netns resolves it). `inherited_pythonpath`:
-    this process's PYTHONPATH, kept after the job's own. Returns the new env and what changed:
+    this process's PYTHONPATH, kept after the job's own. `attempt_file`: the node's stand-in for
+    the pod's attempt label file. Returns the new env and what changed:
     name -> (rendered value, local value).
     """
     local = dict(env)
@@ -116,6 +131,10 @@ def localize_env(
         rewrites[CONFIG_ENV] = config.to_env_value()
     if CHECKPOINT_DIR_ENV in env:
         rewrites[CHECKPOINT_DIR_ENV] = str(checkpoint_dir)
+    if ATTEMPT_FILE_ENV in env and attempt_file is not None:
+        rewrites[ATTEMPT_FILE_ENV] = str(attempt_file)
+    if AGENT_PORT_ENV in env:
+        rewrites[AGENT_PORT_ENV] = ""
     rewrites[CUDA_VISIBLE_DEVICES] = cuda_visible_devices
     if OMP_NUM_THREADS not in env:
         rewrites[OMP_NUM_THREADS] = str(threads_per_process)

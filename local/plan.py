@@ -42,6 +42,7 @@ from kubetrain.operator.render import render_pods
 LOCAL_NAMESPACE = "default"
 ATTEMPTS_SUBDIR = "attempts"
 CHECKPOINTS_SUBDIR = "checkpoints"
+PODS_SUBDIR = "pods"
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,10 @@ class LocalPlan:
     def checkpoint_dir(self) -> Path:
         return self.run_dir / CHECKPOINTS_SUBDIR
 
+    def attempt_file(self, rank: int) -> Path:
+        """Node `rank`'s stand-in for its pod's attempt label file (the downward API's)."""
+        return (self.run_dir / PODS_SUBDIR / f"node-{rank}" / naming.ATTEMPT_FILE).resolve()
+
     def threads_per_process(self) -> int:
         return max(1, (os.cpu_count() or 1) // self.job.spec.world_size)
 
@@ -146,6 +151,7 @@ class LocalPlan:
                 threads_per_process=self.threads_per_process(),
                 socket_ifname=self.socket_ifname,
                 inherited_pythonpath=os.environ.get("PYTHONPATH"),
+                attempt_file=self.attempt_file(rank),
             )
             # As the kubelet does, with the local values: env values first, then command and args.
             env = expand_env(env, [entry["name"] for entry in entries if "valueFrom" not in entry])

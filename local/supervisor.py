@@ -39,7 +39,7 @@ from typing import IO, Any, Protocol
 
 from kubetrain.api.contract import free_port, stacks_after_seconds
 from kubetrain.api.models import TrainingJobStatus
-from kubetrain.api.records import fold, parse_record
+from kubetrain.api.records import GangFailure, fold, fold_timeline, gang_failure, parse_record
 from kubetrain.local.plan import ATTEMPTS_SUBDIR, LocalPlan, NodeProcess, attempt_log
 from kubetrain.local.processes import ProcessTree, note_groups, stop, subreaper
 from kubetrain.local.result import RunResult
@@ -63,6 +63,8 @@ ATTEMPT_BANNER = "=== kubetrain: attempt "
 MESSAGE_LINES = 80
 MESSAGE_BYTES = 2048
 STATUS_FILE = "status.json"
+# Records of the node processes' torchrun agents (trainer/agent.py), on every node's output.
+AGENT_EVENTS = ("launch", "failure")
 SIGNAL_EXIT_BASE = 128
 
 
@@ -98,6 +100,10 @@ class _Node:
     readers: list[threading.Thread] = field(default_factory=list)
     finished: datetime | None = None
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=MESSAGE_LINES))
+    # From its torchrun agent's records (trainer/agent.py), as a pod's readiness probe and log
+    # tell the operator: running the workers of its attempt (`launch`), or holding a failed gang.
+    ready: bool = False
+    held: GangFailure | None = None
 
     def view(self, job_uid: str) -> PodView:
         code = self.tree.proc.returncode if self.finished is not None else None
@@ -117,6 +123,9 @@ class _Node:
             reason=("Error" if failed else "Completed") if code is not None else None,
             message="\n".join(self.tail)[-MESSAGE_BYTES:] if failed else "",
             finished=self.finished,
+            started=self.started,
+            ready=self.ready and code is None,
+            held=self.held,
         )
 
 
@@ -229,10 +238,10 @@ class Supervisor:
                     return
 
     def _reconcile(self) -> None:
-        now = _now()
+        now = datetime.now(UTC)  # decide keeps whole seconds but for the timeline
         exited = [node for node in self.nodes.values() if node.finished is None and not node.tree.running()]
         for node in exited:
-            node.finished = now
+            node.finished = now.replace(microsecond=0)
         # Its last lines (a `done` record, the error of a failed node) before its pod view.
         self._drain(exited, READ_TAIL_S)
         pods = []
@@ -268,6 +277,9 @@ class Supervisor:
         doomed = {name for name, _ in decision.delete_pods}
         grace = decision.delete_grace_seconds
         self._stop([node for node in self.nodes.values() if node.spec.pod_name in doomed], grace)
+        self._move(
+            [node for node in self.nodes.values() if (node.spec.pod_name, node.uid) in decision.restart_in_place]
+        )
         if decision.create_ranks:
             self._start(self.status.attempt, decision.create_ranks)
 
@@ -287,10 +299,8 @@ class Supervisor:
         specs = [spec for spec in self.plan.nodes(attempt, master_port=port) if spec.rank in ranks]
         for spec in specs:
             self._logs[spec.rank].write(f"{ATTEMPT_BANNER}{attempt} ===\n")
-            path = attempt_log(self.plan.run_dir, attempt, spec.rank)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # Closed when the node is stopped (_stop), or at the end of the run.
-            self._attempt_logs[attempt, spec.rank] = open(path, "a")  # noqa: SIM115
+            self._open_attempt_log(attempt, spec.rank)
+            self._write_attempt(spec.rank, attempt)
             node = _Node(spec, attempt, self._launch(spec), _now())
             self.nodes[spec.pod_name] = node
             self._phases[(attempt, spec.rank)] = "Running"
@@ -301,6 +311,36 @@ class Supervisor:
         pids = [node.tree.pid for node in current]
         (self.plan.run_dir / "pids.json").write_text(json.dumps({"attempt": attempt, "pids": pids}) + "\n")
         self.view.attempt(attempt, [node.spec for node in current], pids)
+
+    def _move(self, nodes: Sequence[_Node]) -> None:
+        """An in-place restart: as the operator relabels the pods, write each node's attempt file;
+        its torchrun agent restarts its workers as that attempt. The processes stay."""
+        if not nodes:
+            return
+        attempt = self.status.attempt
+        for node in nodes:
+            self._close_attempt_logs((node.attempt, node.spec.rank))
+            node.attempt, node.ready, node.held = attempt, False, None
+            self._logs[node.spec.rank].write(f"{ATTEMPT_BANNER}{attempt} (in place) ===\n")
+            self._open_attempt_log(attempt, node.spec.rank)
+            self._write_attempt(node.spec.rank, attempt)
+        current = sorted((n for n in self.nodes.values() if n.attempt == attempt), key=lambda n: n.spec.rank)
+        self.view.attempt(attempt, [node.spec for node in current], [node.tree.pid for node in current])
+
+    def _open_attempt_log(self, attempt: int, rank: int) -> None:
+        """attempts/<attempt>/node-<rank>.log: this attempt's lines of the node (as the operator's
+        archive keeps them). Closed when the node is stopped (_stop), or at the end of the run."""
+        path = attempt_log(self.plan.run_dir, attempt, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._attempt_logs[attempt, rank] = open(path, "a")  # noqa: SIM115
+
+    def _write_attempt(self, rank: int, attempt: int) -> None:
+        """Atomically, as the kubelet updates a downward API file."""
+        path = self.plan.attempt_file(rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(f"{attempt}\n")
+        os.replace(temporary, path)
 
     def _launch(self, spec: NodeProcess) -> ProcessTree:
         argv = spec.argv if spec.netns is None else ["ip", "netns", "exec", spec.netns, *spec.argv]
@@ -378,17 +418,32 @@ class Supervisor:
                 log.write(text + "\n")
                 log.flush()
         node.tail.append(text)
-        record = parse_record(text) if rank == 0 and stream == "stdout" else None
-        if record is None:
-            self.view.output(rank, stream, text)
+        record = parse_record(text) if stream == "stdout" else None
+        if record is not None and record["event"] in AGENT_EVENTS:
+            self._agent_record(node, record, text)
+        if record is None or rank != 0:
+            if record is None or record["event"] not in AGENT_EVENTS:
+                self.view.output(rank, stream, text)
             return
         if node.attempt == self.status.attempt:
             # The operator reads the current attempt's rank 0 log; so does this.
-            progress, checkpoint = fold(text, self.status.progress, self.status.last_checkpoint)
-            self.status.progress, self.status.last_checkpoint = progress, checkpoint
+            status = self.status
+            status.progress, status.last_checkpoint = fold(text, status.progress, status.last_checkpoint)
+            status.timeline = fold_timeline(text, status.timeline)
             self._publish()
-        self.result.observe(record, time.monotonic() - self._started)
-        self.view.record(record)
+        if record["event"] not in AGENT_EVENTS:
+            self.result.observe(record, time.monotonic() - self._started)
+            self.view.record(record)
+
+    def _agent_record(self, node: _Node, record: dict[str, Any], text: str) -> None:
+        """A node's torchrun agent started the workers of its attempt, or holds a failed gang:
+        what a pod's readiness and log tell the operator."""
+        if record.get("attempt") != node.attempt:
+            return
+        if record["event"] == "launch":
+            node.ready = True
+        else:
+            node.ready, node.held = False, gang_failure(text, node.attempt)
 
     def _publish(self, *, force: bool = False) -> None:
         """Write status.json when it changed (progress at most every PUBLISH_EVERY_S)."""

@@ -124,13 +124,13 @@ def plan(pods: Sequence[PodView], job_uid: str | None, now: datetime) -> Plan:
         deadline = pod.deleted_at + timedelta(seconds=RELEASE_MARGIN_SECONDS)
         final = pod.deletion_grace == 0 or now >= deadline
         terminated = pod.exit_code is not None or pod.phase in TERMINAL_PHASES
-        if pod.started and (terminated or final):
+        if pod.has_run and (terminated or final):
             archive.append(pod)
-        elif not pod.started and (final or not pod.scheduled):
+        elif not pod.has_run and (final or not pod.scheduled):
             release.append(pod)
         else:
             waits.append((deadline - now).total_seconds())
-            if pod.started:
+            if pod.has_run:
                 capture.append(pod)
     return Plan(archive, capture, release, min(waits) if waits else None)
 

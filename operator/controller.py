@@ -29,9 +29,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kubetrain.api import naming
+from kubetrain.api import naming, records
 from kubetrain.api.contract import stacks_after_seconds
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
+from kubetrain.api.records import GangFailure
 from kubetrain.operator import (
     archive,
     archive_io,
@@ -43,6 +44,7 @@ from kubetrain.operator import (
     podgroup_io,
     progress,
     refusal,
+    timeline,
 )
 from kubetrain.operator.forensics import RankStacks
 from kubetrain.operator.kube import ApiError, Conflict, Kube, Refused
@@ -54,6 +56,9 @@ from kubetrain.operator.workqueue import Key, WorkQueue
 log = logging.getLogger("kubetrain.operator")
 LogSource = Callable[[str, str], Awaitable[str]]
 Index = Mapping[Any, Collection[Any]]  # informer.Index: (namespace, job) -> what it keeps per child
+# How often a NotReady pod's log is read for its torchrun agents' `failure` record until one is
+# found (the agents print it once every one of them stopped, within 2 s).
+HELD_READ_S = 0.25
 # How long a created pod counts as observed before its watch event arrives: past that the
 # pod was gone before it could be listed, and a watch event will never come.
 EXPECTATIONS_TIMEOUT_SECONDS = 60.0
@@ -91,6 +96,7 @@ class Expectations:
     creations: dict[str, tuple[float, PodView]] = field(default_factory=dict)
     service: bool = False
     deletions: set[str] = field(default_factory=set)
+    moved: dict[str, int] = field(default_factory=dict)  # uid -> the attempt a living pod was relabelled to
 
     def created(self, pod: dict[str, Any]) -> None:
         view = PodView.from_pod(pod)
@@ -101,7 +107,12 @@ class Expectations:
         seen = {p.uid: p for p in indexed}
         for uid in [uid for uid in self.creations if uid in seen]:
             del self.creations[uid]
+        for uid in [
+            uid for uid, attempt in self.moved.items() if uid not in seen or (seen[uid].attempt or 0) >= attempt
+        ]:
+            del self.moved[uid]
         views = [*seen.values(), *(view for _, view in self.creations.values())]
+        views = [replace(p, attempt=self.moved[p.uid], ready=False) if p.uid in self.moved else p for p in views]
         return [replace(p, terminating=True) if p.uid in self.deletions else p for p in views]
 
     def confirmed(self, view: PodView) -> bool:
@@ -116,6 +127,7 @@ class Expectations:
     def gone(self, uid: str) -> None:
         self.deletions.discard(uid)
         self.creations.pop(uid, None)
+        self.moved.pop(uid, None)
 
     def overdue(self, indexed: Collection[PodView]) -> list[PodView]:
         """Created pods the watch has not shown for EXPECTATIONS_TIMEOUT_SECONDS."""
@@ -134,6 +146,10 @@ class JobState:
     phase: str | None = None  # as last written, for the jobs-by-phase gauge
     refusals: int = 0  # creation passes refused in a row: the retry backoff's exponent
     placement: kueue_io.Placed | None = None  # Kueue flavors read, and where they place
+    # The in-place restart: the gang failure the pods' torchrun agents reported (their `failure`
+    # record, read from a NotReady pod's log), and when a pod's log was last read for it.
+    held: GangFailure | None = None
+    held_read_at: float | None = None
 
 
 def _count_phase(state: JobState, phase: str | None) -> None:
@@ -145,6 +161,21 @@ def _count_phase(state: JobState, phase: str | None) -> None:
         if phase is not None:
             metrics.JOBS.labels(phase).inc()
         state.phase = phase
+
+
+def _observe_timeline(body: dict[str, Any], previous: TrainingJobStatus, status: TrainingJobStatus) -> None:
+    """The start-up histograms, once per attempt: when its first step is first recorded."""
+    line, before = status.timeline, previous.timeline
+    if line is None or line.first_step_at is None:
+        return
+    if before is not None and before.attempt == line.attempt and before.first_step_at is not None:
+        return
+    if line.start == "Start":
+        created = parse_time(body["metadata"].get("creationTimestamp"))
+        if created is not None:
+            metrics.TIME_TO_FIRST_STEP.observe(max((line.first_step_at - created).total_seconds(), 0.0))
+    elif (seconds := timeline.seconds(line)) is not None:
+        metrics.RECOVERY.labels(line.start).observe(max(seconds, 0.0))
 
 
 class Controller:
@@ -291,23 +322,24 @@ class Controller:
         indexed = self.pods.get(key, ())
         if state.expectations.overdue(indexed):
             await self._confirm_overdue(key[0], body["metadata"]["uid"], state, indexed)
-        pods = state.expectations.pods(indexed)
+        pods = await self._holding(key, state, job, state.expectations.pods(indexed))
         service_exists = state.expectations.service or bool(self.services.get(key))
-        now = datetime.now(UTC).replace(microsecond=0)
+        precise = datetime.now(UTC)  # decide keeps whole seconds but for the timeline
+        now = precise.replace(microsecond=0)
         uid = body["metadata"]["uid"]
         policy = replace(self.policy, group_apis=await self.discovery.served())
         try:
             admission = await kueue_io.admission(self.kube, self.settings.render, key[0], uid, job, pods, now)
-            decision = decide(job, uid, pods, service_exists, now, policy, admission.hold)
+            decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold)
             # A gang failure: rank 0 may have recorded `done` since the last read (progress.py).
             if progress.recheck(job.status, decision.status):
                 if text := await self._read_rank0(key, state, pods):
                     job = job.model_copy(update={"status": progress.fold(job.status or TrainingJobStatus(), text)})
-                    decision = decide(job, uid, pods, service_exists, now, policy, admission.hold)
+                    decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold)
                 # A stall: every rank's stacks name the one that hung (operator/forensics.py).
                 if forensics.wanted(job.status, decision.status):
                     stacks = await self._read_stacks(key, job, pods)
-                    decision = decide(job, uid, pods, service_exists, now, policy, admission.hold, stacks)
+                    decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold, stacks)
             else:
                 await self._read_progress(key, state, job, decision, pods)
         except StaleView as stale:
@@ -362,7 +394,34 @@ class Controller:
         if requeue is not None:
             decision.requeue(requeue)
         if pod is not None and (text := await self._read_log(key, state, pod)):
-            decision.status = progress.fold(decision.status, text)
+            status = progress.fold(decision.status, text)
+            line = status.timeline
+            if line is not None and line.attempt == status.attempt:
+                # Rank 0's milestones end phases: its phases and waitingOn follow in this write.
+                current = [p for p in pods if p.attempt == status.attempt and not p.terminating]
+                status.timeline = timeline.advance(line, current, job.spec.nodes)
+            decision.status = status
+            if (found := records.gang_failure(text, status.attempt)) is not None:
+                state.held = found  # the periodic read found what a NotReady pod would have told
+                decision.requeue(0)
+
+    async def _holding(self, key: Key, state: JobState, job: TrainingJob, pods: list[PodView]) -> list[PodView]:
+        """The pods, the gang failure their torchrun agents hold attached (progress.holding). A pod
+        that turned NotReady while its attempt runs (progress.held_suspect) has its log read for
+        the agents' `failure` record, every HELD_READ_S at most while none is found."""
+        attempt = job.status.attempt if job.status else 0
+        if state.held is not None and state.held.attempt != attempt:
+            state.held = None
+        suspect = progress.held_suspect(job.status, pods)
+        loop = asyncio.get_running_loop()
+        if suspect is not None and state.held is None:
+            if state.held_read_at is None or loop.time() - state.held_read_at >= HELD_READ_S:
+                state.held_read_at = loop.time()
+                text = await self._read_log(key, state, suspect, progress_read=False)
+                state.held = records.gang_failure(text or "", attempt)
+            if state.held is None:
+                self.queue.add(key, HELD_READ_S)
+        return progress.holding(pods, state.held)
 
     async def _read_stacks(self, key: Key, job: TrainingJob, pods: list[PodView]) -> dict[int, RankStacks]:
         """Every rank's stacks, from the log tails of the attempt's pods (read at once)."""
@@ -383,8 +442,9 @@ class Controller:
         pod = progress.rank0(pods)
         return None if pod is None else await self._read_log(key, state, pod)
 
-    async def _read_log(self, key: Key, state: JobState, pod: str) -> str | None:
-        state.progress_read_at = asyncio.get_running_loop().time()
+    async def _read_log(self, key: Key, state: JobState, pod: str, *, progress_read: bool = True) -> str | None:
+        if progress_read:
+            state.progress_read_at = asyncio.get_running_loop().time()
         try:
             return await self.log_source(key[0], pod)
         except Exception as error:  # no kubelet yet, log rotated, pod gone: try next time
@@ -412,6 +472,9 @@ class Controller:
             return None
         grace = decision.delete_grace_seconds
         await asyncio.gather(*(self._delete(state, namespace, pod, uid, grace) for pod, uid in decision.delete_pods))
+        await asyncio.gather(
+            *(self._move(state, namespace, pod, uid, decision) for pod, uid in decision.restart_in_place)
+        )
         created, refused = await self._create(key, state, job, decision, flavors)
         now = datetime.now(UTC).replace(microsecond=0)
         status, events = refusal.settle(previous, decision, committed, refused, created, now)
@@ -420,6 +483,7 @@ class Controller:
             self._gone(key)
             return None
         await self._announce(key, body, status, events)
+        _observe_timeline(body, previous, status)
         # After the status write: a checkpoint found in an archived log is recorded before the
         # pod that logged it can go (an operator that dies before this redoes the archive).
         await archive_io.release(self.kube, self.captures, namespace, release or [])
@@ -453,6 +517,14 @@ class Controller:
             state.body = _held(written)
         body["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"]
         return True
+
+    async def _move(self, state: JobState, namespace: str, pod: str, uid: str, decision: Decision) -> None:
+        """An in-place restart: relabel the pod to the decided attempt (after the status recorded it)."""
+        attempt = decision.status.attempt
+        if state.expectations.moved.get(uid) == attempt:
+            return
+        if await self.kube.move_pod(namespace, pod, uid, attempt):
+            state.expectations.moved[uid] = attempt
 
     async def _delete(self, state: JobState, namespace: str, pod: str, uid: str, grace: int | None) -> None:
         if uid in state.expectations.deletions:

@@ -25,6 +25,9 @@ class Policy:
     # lets every rank checkpoint its current step; after a crash the survivors cannot (their
     # next collective with the failed rank errors), so a long grace would only delay the restart.
     failed_gang_grace_seconds: int = 3
+    # An attempt restarted in place whose rank 0 has not joined its process group this long
+    # after the decision is recreated instead (failure reason InPlaceRestartTimedOut).
+    in_place_timeout: timedelta = timedelta(seconds=60)
     # The PodGroup API versions the cluster serves (operator/podgroup.py; the operator's
     # discovery); None where no scheduler places the pods (the local runner).
     group_apis: frozenset[str] | None = None
@@ -61,6 +64,9 @@ class Decision:
     delete_pods: list[tuple[str, str]] = field(default_factory=list)
     # The grace period of those deletes; None: the pods' own (terminationGracePeriodSeconds).
     delete_grace_seconds: int | None = None
+    # (name, uid): living pods to move to the status's attempt (relabelled): their torchrun
+    # agents restart their workers as that attempt, in place (trainer/agent.py).
+    restart_in_place: list[tuple[str, str]] = field(default_factory=list)
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None

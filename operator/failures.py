@@ -26,6 +26,7 @@ from kubetrain.api.models import (
     Progress,
     TrainingJobStatus,
 )
+from kubetrain.api.records import GangFailure
 from kubetrain.operator.pods import PodCondition, PodView
 
 MESSAGE_TAIL = 2048
@@ -40,13 +41,20 @@ DISRUPTION_REASONS = ("Evicted", "Preempted", "NodeLost", "Terminated")
 # A pod deleted while it ran (kubectl delete pod, an admin's or a controller's clean-up) is a
 # disruption too, even where Kubernetes sets no DisruptionTarget condition for it.
 DELETED_REASON = "PodDeleted"
-DEFAULT_RULES = (
+DISRUPTION_RULES = (
     FailurePolicyRule(
         action="RestartJobAndIgnoreMaxRestarts", on_pod_conditions=[PodConditionPattern(type=DISRUPTION_CONDITION)]
     ),
     FailurePolicyRule(
         action="RestartJobAndIgnoreMaxRestarts", on_failure_reasons=[*DISRUPTION_REASONS, DELETED_REASON]
     ),
+)
+# An attempt restarted in place that did not rendezvous in time is recreated; the failure that
+# led to it was counted already, so by default the fallback is not.
+IN_PLACE_TIMEOUT_REASON = "InPlaceRestartTimedOut"
+DEFAULT_RULES = (
+    *DISRUPTION_RULES,
+    FailurePolicyRule(action="RestartJobAndIgnoreMaxRestarts", on_failure_reasons=[IN_PLACE_TIMEOUT_REASON]),
 )
 
 FailureKind = Literal["failed", "deleted", "stuck"]
@@ -80,6 +88,32 @@ def failure_of(pod: PodView, attempt: int, kind: FailureKind, now: datetime) -> 
         message=message[-MESSAGE_TAIL:],
         time=pod.finished or now,
     )
+
+
+def held_failure(held: GangFailure, pod: PodView | None, pod_name: str) -> Failure:
+    """The failure a gang's torchrun agent reported (its `failure` record): the node's pod, the
+    process rank and exit code on it; `pod` is that node's pod as observed, when it is."""
+    message = held.message
+    if held.rank is not None and f"rank {held.rank}" not in message:
+        message = f"worker rank {held.rank}: {message}" if message else f"worker rank {held.rank}"
+    return Failure(
+        attempt=held.attempt,
+        rank=held.node,
+        pod=pod_name,
+        node=pod.node if pod is not None else None,
+        exit_code=held.exit_code,
+        reason=held.reason[:256],
+        message=message[-MESSAGE_TAIL:],
+        time=held.time,
+    )
+
+
+def in_place_timeout_failure(attempt: int, detected: datetime, timeout: timedelta, now: datetime) -> Failure:
+    message = (
+        f"attempt {attempt}, restarted in place at {stamp(detected)}, did not complete its rendezvous within "
+        f"{int(timeout.total_seconds())} s (rank 0 recorded none); the gang is recreated"
+    )
+    return Failure(attempt=attempt, reason=IN_PLACE_TIMEOUT_REASON, message=message, time=now)
 
 
 def stamp(time: datetime) -> str:
@@ -125,8 +159,11 @@ def stall_due(progress: Progress | None, running_since: datetime, timeout: int) 
 
 
 def describe(failure: Failure) -> str:
-    what = f"node {failure.rank} (pod {failure.pod}"
-    what += f" on {failure.node})" if failure.node else ")"
+    if failure.rank is None and failure.pod is None:
+        what = f"attempt {failure.attempt}"  # a failure of the gang, not of one pod (InPlaceRestartTimedOut)
+    else:
+        what = f"node {failure.rank} (pod {failure.pod}"
+        what += f" on {failure.node})" if failure.node else ")"
     code = f" with exit code {failure.exit_code}" if failure.exit_code is not None else ""
     detail = f": {failure.message.strip().splitlines()[-1]}" if failure.message.strip() else ""
     return f"{what} failed{code} ({failure.reason}){detail}"[:1024]
@@ -145,7 +182,7 @@ class Verdict:
 def is_disruption(failure: Failure, conditions: Sequence[PodCondition]) -> bool:
     """Stopped from outside (deleted, evicted, preempted, ...) rather than failed: what the
     default rules do not count, whatever the user's rules say."""
-    return any(_matches(rule, failure, conditions) for rule in DEFAULT_RULES)
+    return any(_matches(rule, failure, conditions) for rule in DISRUPTION_RULES)
 
 
 def judge(policy: FailurePolicy | None, failure: Failure, conditions: Sequence[PodCondition]) -> Verdict:

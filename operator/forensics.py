@@ -83,6 +83,17 @@ def _library(path: str) -> bool:
     return re.search(r"/lib/python3\.\d+/", path) is not None and "-packages/" not in path
 
 
+# A worker forked by its torchrun agent (kubetrain.trainer.warmstart, the in-place restart) runs
+# inside the agent's call stack: the frames outside this one are the agent's, not the worker's.
+_FORK = "/kubetrain/trainer/warmstart.py"
+
+
+def _worker_part(frames: list[Frame]) -> Stack:
+    """A thread's frames up to (not including) the warm start's, when it is a forked worker's."""
+    cut = next((index for index, frame in enumerate(frames) if frame.file.endswith(_FORK)), len(frames))
+    return tuple(frames[:cut]) or tuple(frames)
+
+
 def parse(text: str) -> dict[int, tuple[Stack, ...]]:
     """The last complete dump of each timeout in `text`: timeout seconds -> its threads' stacks."""
     dumps: dict[int, tuple[Stack, ...]] = {}
@@ -91,7 +102,7 @@ def parse(text: str) -> dict[int, tuple[Stack, ...]]:
 
     def close() -> None:
         if seconds is not None and threads and all(threads):
-            dumps[seconds] = tuple(tuple(t) for t in threads)
+            dumps[seconds] = tuple(_worker_part(t) for t in threads)
 
     for line in text.splitlines():
         if match := _TIMEOUT.match(line):

@@ -280,6 +280,32 @@ class Kube:
             if exc.status not in (404, 409):
                 raise
 
+    async def move_pod(self, namespace: str, name: str, uid: str, attempt: int) -> bool:
+        """Relabel a living pod to `attempt` (the in-place gang restart: its torchrun agent reads the
+        label through the downward API and restarts its workers). A JSON patch whose first op
+        tests the uid, so a same-named pod of another attempt is never moved. False if the pod
+        is gone or is another one."""
+        label = "/metadata/labels/" + naming.LABEL_ATTEMPT.replace("~", "~0").replace("/", "~1")
+        patch = [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            {"op": "replace", "path": label, "value": str(attempt)},
+        ]
+        try:
+            await self._request(
+                "PATCH",
+                _core(namespace, "pods", name),
+                patch,
+                content_type="application/json-patch+json",
+                accept=METADATA_ONLY,
+                counted=("patch", "pods"),
+            )
+        except ApiError as exc:
+            # 404: gone; 409/422: the test failed (the name is another pod's now).
+            if exc.status in (404, 409, 422):
+                return False
+            raise
+        return True
+
     async def delete_collection(self, api_version: str, namespace: str, plural: str, selector: str) -> None:
         """Delete what `selector` matches (nothing matching, or the API gone, is fine)."""
         try:

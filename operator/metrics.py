@@ -23,3 +23,15 @@ LEADER = Gauge(
     "kubetrain_leader",
     "1 while this operator process leads (holds the leader Lease, or runs with --no-leader-elect), else 0.",
 )
+TIME_TO_FIRST_STEP = Histogram(
+    "kubetrain_time_to_first_step_seconds",
+    "From the TrainingJob's creationTimestamp (1 s resolution) to rank 0's first training step (status.timeline).",
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
+)
+RECOVERY = Histogram(
+    "kubetrain_recovery_seconds",
+    "From a gang failure (or a resume) to rank 0's first training step of the next attempt, by how it "
+    "started: InPlace, Recreate or Resume (status.timeline).",
+    ["start"],
+    buckets=(0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120, 300),
+)

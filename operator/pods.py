@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from kubetrain.api import naming
+from kubetrain.api.records import GangFailure
 
 # Waiting reasons a pod does not recover from by itself, or only by luck: after
 # `stuck_timeout` they count as a failure of the gang.
@@ -73,8 +74,18 @@ class PodView:
     message: str = ""
     finished: datetime | None = None
     conditions: tuple[PodCondition, ...] = ()
+    # When the trainer container started running (the attempt's timeline).
+    started: datetime | None = None
+    # Readiness: with the in-place restart, the pod's torchrun agent listens on the readiness
+    # probe's port while it runs the workers of the pod's attempt (trainer/agent.py); `ready_at`
+    # is when the Ready condition last changed.
+    ready: bool = False
+    ready_at: datetime | None = None
+    # The gang failure an agent of this pod's attempt reported (its `failure` record), attached
+    # by the caller that read it: the controller from a pod's log, the local runner from the output.
+    held: GangFailure | None = None
     # The trainer container runs or ran: the pod has a log (operator/archive.py).
-    started: bool = False
+    has_run: bool = False
     # Deletion, as the API server records it: deletionTimestamp is when the grace period ends;
     # a grace of 0 is the kubelet's final delete once the containers stopped (or a forced one).
     deleted_at: datetime | None = None
@@ -90,13 +101,15 @@ class PodView:
         scheduled_condition = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
         exit_code = waiting = reason = None
         message = ""
-        finished = None
-        started = False
+        finished = started = None
+        has_run = False
         for cs in status.get("containerStatuses") or []:
             if cs.get("name") != naming.CONTAINER_NAME:
                 continue
             state = cs.get("state") or {}
-            started = "running" in state or "terminated" in state
+            has_run = "running" in state or "terminated" in state
+            if "running" in state:
+                started = parse_time((state["running"] or {}).get("startedAt"))
             if "terminated" in state:
                 terminated = state["terminated"] or {}
                 exit_code = terminated.get("exitCode")
@@ -111,6 +124,7 @@ class PodView:
             init_reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
             if init_reason in STUCK_REASONS and waiting not in STUCK_REASONS:
                 waiting = init_reason
+        ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
         if status.get("reason"):  # pod-level: Evicted, DeadlineExceeded, NodeLost, ...
             reason = status["reason"]
             message = status.get("message") or message
@@ -140,7 +154,10 @@ class PodView:
                 for c in status.get("conditions") or []
             ),
             started=started,
+            has_run=has_run,
             deleted_at=parse_time(meta.get("deletionTimestamp")),
             deletion_grace=meta.get("deletionGracePeriodSeconds"),
             finalizers=tuple(meta.get("finalizers") or ()),
+            ready=ready is not None and ready.get("status") == "True",
+            ready_at=parse_time(ready.get("lastTransitionTime")) if ready is not None else None,
         )

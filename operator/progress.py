@@ -5,23 +5,33 @@ interval (`pods/log`, read-only: the pods need no credentials) and once more on 
 that finishes the job, so the final step and checkpoint are recorded. The metrics records
 are folded by `kubetrain.api.records.fold`, the one fold the local runner uses too.
 
-One read cannot wait for the interval: before the controller acts on a gang failure it reads
-rank 0's log and decides again (`recheck`). A trainer that crashes at teardown does so
+Until the attempt's first step the interval is STARTUP_READ_S: its timeline (api/records.py
+`fold_timeline`: rendezvous, first step) and waitingOn then follow the start-up closely.
+
+Two reads cannot wait for the interval. Before the controller acts on a gang failure it reads
+rank 0's log and decides again (`recheck`): a trainer that crashes at teardown does so
 seconds after rank 0 wrote `done` and its final checkpoint, almost always after the last
 periodic read; without the fresh records the late-crash rule (`failures.completed`) could
-not see that the work is saved, and the whole gang would run again.
+not see that the work is saved, and the whole gang would run again. And with the in-place
+restart, a pod that turns NotReady while its attempt runs holds a failed gang: its torchrun
+agent printed a `failure` record, which the controller reads from that pod's log
+(`held_suspect`) before deciding.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from kubetrain.api import records
 from kubetrain.api.models import TrainingJobStatus
+from kubetrain.api.records import GangFailure
 from kubetrain.operator.failures import completed
 from kubetrain.operator.status import PodView
 
 READ_IN = ("Running", "Restarting")
+# How often rank 0's log is read while the attempt has not finished its first step.
+STARTUP_READ_S = 1.0
 
 
 def due(
@@ -37,6 +47,9 @@ def due(
     finishing = status.completion_time is not None and (previous is None or previous.completion_time is None)
     if status.phase not in READ_IN and not finishing:
         return None, None
+    line = status.timeline
+    if line is not None and line.attempt == status.attempt and line.first_step_at is None:
+        interval = min(interval, STARTUP_READ_S)
     if not finishing and since_read is not None and since_read < interval:
         return None, interval - since_read
     return rank0(pods), interval
@@ -45,6 +58,42 @@ def due(
 def rank0(pods: Sequence[PodView]) -> str | None:
     """Rank 0's pod if it has a log to read: started, and not being deleted."""
     return next((p.name for p in pods if p.rank == 0 and p.phase != "Pending" and not p.terminating), None)
+
+
+def held_suspect(status: TrainingJobStatus | None, pods: Sequence[PodView]) -> str | None:
+    """A pod of the current attempt whose torchrun agent may hold a failed gang: Running, and
+    turned NotReady after its container started and after the attempt began (an in-place attempt
+    begins when it is decided; its pods turned NotReady before, to hold the previous one). Node
+    0's first: every agent prints the gang's record."""
+    if status is None:
+        return None
+    line = status.timeline
+    began = (
+        line.detected_at if line is not None and line.attempt == status.attempt and line.start == "InPlace" else None
+    )
+    suspects = [
+        p
+        for p in pods
+        if p.attempt == status.attempt
+        and p.phase == "Running"
+        and not p.ready
+        and not p.terminating
+        and p.ready_at is not None
+        and p.started is not None
+        and p.ready_at > p.started
+        and (began is None or p.ready_at > began)
+    ]
+    return min(suspects, key=lambda p: p.rank or 0).name if suspects else None
+
+
+def holding(pods: Sequence[PodView], held: GangFailure | None) -> list[PodView]:
+    """The pods with the gang failure their agents reported attached to the blamed node's pod
+    (to any pod of that attempt when the blamed one is not there)."""
+    if held is None:
+        return list(pods)
+    mine = [p for p in pods if p.attempt == held.attempt and not p.terminating]
+    target = next((p for p in mine if p.rank == held.node), mine[0] if mine else None)
+    return [replace(p, held=held) if p is target else p for p in pods]
 
 
 def recheck(previous: TrainingJobStatus | None, decided: TrainingJobStatus) -> bool:
@@ -56,9 +105,13 @@ def recheck(previous: TrainingJobStatus | None, decided: TrainingJobStatus) -> b
 
 
 def fold(status: TrainingJobStatus, text: str) -> TrainingJobStatus:
-    """`status` with the metrics records found in `text` folded into progress and lastCheckpoint."""
+    """`status` with the metrics records found in `text` folded into progress, lastCheckpoint
+    and the current attempt's timeline."""
     progress, checkpoint = records.fold(text, status.progress, status.last_checkpoint)
-    return status.model_copy(update={"progress": progress, "last_checkpoint": checkpoint})
+    line = status.timeline
+    if line is not None and line.attempt == status.attempt:
+        line = records.fold_timeline(text, line)
+    return status.model_copy(update={"progress": progress, "last_checkpoint": checkpoint, "timeline": line})
 
 
 def fold_checkpoints(status: TrainingJobStatus, text: str) -> TrainingJobStatus:

@@ -13,6 +13,9 @@ from typing import Any
 
 from kubetrain.api import naming
 from kubetrain.api.contract import (
+    AGENT_PORT_ENV,
+    ATTEMPT_ENV,
+    ATTEMPT_FILE_ENV,
     CHECKPOINT_DIR_ENV,
     DEFAULT_COMMAND,
     DEFAULT_GRACE_SECONDS,
@@ -31,6 +34,7 @@ from kubetrain.operator.settings import DEFAULTS, RenderSettings
 CHECKPOINT_VOLUME = naming.CHECKPOINT_VOLUME
 SHM_VOLUME = naming.SHM_VOLUME
 SHM_PATH = naming.SHM_PATH
+POD_INFO_VOLUME = naming.POD_INFO_VOLUME
 MANAGED_BY = naming.MANAGED_BY
 # Pod Security "restricted" wants a non-root user; the images (Dockerfile) run as this uid, and
 # fsGroup makes a fresh checkpoint volume writable by it.
@@ -113,7 +117,55 @@ def render_service(job: TrainingJob, namespace: str, uid: str) -> dict[str, Any]
     }
 
 
-def _env(job: TrainingJob, namespace: str, node_rank: int, settings: RenderSettings) -> list[dict[str, Any]]:
+def agent_port(job: TrainingJob) -> int:
+    """The port the torchrun agent listens on while its workers run: the readiness probe's."""
+    port = job.spec.master_port
+    return port + 1 if port < 65535 else port - 1
+
+
+def in_place(job: TrainingJob) -> bool:
+    return job.spec.run_policy.restart_strategy == "InPlace"
+
+
+def _attempt_env(job: TrainingJob, attempt: int) -> list[dict[str, Any]]:
+    """The attempt the pod is created for (rank 0's records carry it: the attempt's timeline), and
+    what the torchrun agent of an in-place job reads (trainer/agent.py)."""
+    env = [{"name": ATTEMPT_ENV, "value": str(attempt)}]
+    if in_place(job):
+        env.append({"name": ATTEMPT_FILE_ENV, "value": f"{naming.POD_INFO_PATH}/{naming.ATTEMPT_FILE}"})
+        env.append({"name": AGENT_PORT_ENV, "value": str(agent_port(job))})
+    return env
+
+
+def _in_place_pod(job: TrainingJob, container: dict[str, Any], pod_spec: dict[str, Any]) -> None:
+    """The in-place restart's parts of the pod: the attempt label as a file, the agent's port and
+    the readiness probe on it. The operator moves a living pod to the next attempt by changing
+    the label; the kubelet updates the file within a second; the agent restarts its workers."""
+    if not in_place(job):
+        return
+    container["ports"].append({"name": naming.AGENT_PORT_NAME, "containerPort": agent_port(job), "protocol": "TCP"})
+    container["volumeMounts"].append({"name": POD_INFO_VOLUME, "mountPath": naming.POD_INFO_PATH, "readOnly": True})
+    # Ready = the agent runs the workers of the pod's attempt; NotReady = starting, or holding a
+    # failed gang for the operator's decision (the operator then reads the agent's record).
+    container["readinessProbe"] = {
+        "tcpSocket": {"port": naming.AGENT_PORT_NAME},
+        "periodSeconds": 1,
+        "timeoutSeconds": 1,
+        "successThreshold": 1,
+        "failureThreshold": 1,
+    }
+    label = f"metadata.labels['{naming.LABEL_ATTEMPT}']"
+    pod_spec["volumes"].append(
+        {
+            "name": POD_INFO_VOLUME,
+            "downwardAPI": {"items": [{"path": naming.ATTEMPT_FILE, "fieldRef": {"fieldPath": label}}]},
+        }
+    )
+
+
+def _env(
+    job: TrainingJob, namespace: str, node_rank: int, settings: RenderSettings, attempt: int = 0
+) -> list[dict[str, Any]]:
     spec = job.spec
     contract = rendezvous_env(
         master_addr=naming.master_host(job.name, namespace, settings.cluster_domain),
@@ -131,6 +183,7 @@ def _env(job: TrainingJob, namespace: str, node_rank: int, settings: RenderSetti
         env.append({"name": STACKS_AFTER_ENV, "value": str(stacks_after_seconds(spec.run_policy.hang_timeout_seconds))})
     env.append({"name": CONFIG_ENV, "value": spec.trainer_config().to_env_value()})
     env.append({"name": CHECKPOINT_DIR_ENV, "value": spec.checkpoint.dir})
+    env.extend(_attempt_env(job, attempt))
     for var in spec.env or []:
         # The models reject these already; a renderer bug must not let one through.
         assert not is_reserved(var.name), f"reserved env name {var.name!r} reached the renderer"
@@ -193,7 +246,7 @@ def render_pod(
         "image": spec.image or settings.default_image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": list(spec.command) if spec.command else list(DEFAULT_COMMAND),
-        "env": _env(job, namespace, node_rank, settings),
+        "env": _env(job, namespace, node_rank, settings, attempt),
         "ports": [{"name": naming.MASTER_PORT_NAME, "containerPort": spec.master_port, "protocol": "TCP"}],
         "volumeMounts": [
             {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.dir},
@@ -224,6 +277,7 @@ def render_pod(
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": quantity(spec.shm_size)}},
         ],
     }
+    _in_place_pod(job, container, pod_spec)
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
     if spec.node_selector:
@@ -325,7 +379,8 @@ def merge_template(pod: dict[str, Any], template: PodTemplate) -> dict[str, Any]
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
         # masterPort becomes a port of the node: declaring it lets the scheduler keep two
         # such pods (of any job) off one node instead of letting the second fail to bind.
-        container["ports"][0]["hostPort"] = container["ports"][0]["containerPort"]
+        for port in container["ports"]:  # masterPort, and the agent's port of an in-place job
+            port["hostPort"] = port["containerPort"]
     return pod
 
 

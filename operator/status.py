@@ -47,19 +47,21 @@ Definitions docs/operator.md repeats:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from kubetrain.api import naming
 from kubetrain.api.models import (
     MAX_FAILURES_KEPT,
+    AttemptStart,
     Failure,
     ReplicaCounts,
     RunPolicy,
     TrainingJob,
     TrainingJobStatus,
 )
-from kubetrain.operator import podgroup
+from kubetrain.api.records import GangFailure
+from kubetrain.operator import podgroup, timeline
 from kubetrain.operator.conditions import derive_phase, get_condition, is_true, set_condition
 from kubetrain.operator.decision import DEFAULT_POLICY, Decision, Event, Hold, Policy, StaleView
 from kubetrain.operator.failures import (
@@ -67,6 +69,8 @@ from kubetrain.operator.failures import (
     completed,
     describe,
     failure_of,
+    held_failure,
+    in_place_timeout_failure,
     is_disruption,
     judge,
     stall_due,
@@ -101,7 +105,8 @@ class _Pass:
 
     job: TrainingJob
     uid: str
-    now: datetime
+    now: datetime  # whole seconds, as the API server keeps every time of a status
+    precise: datetime  # to the millisecond: for the timeline, whose phases are often shorter
     policy: Policy
     previous: TrainingJobStatus
     decision: Decision
@@ -138,7 +143,8 @@ def _observe(job: TrainingJob, uid: str, pods: list[PodView], now: datetime, pol
     return _Pass(
         job=job,
         uid=uid,
-        now=now,
+        now=now.replace(microsecond=0),
+        precise=now.replace(microsecond=now.microsecond // 1000 * 1000),
         policy=policy,
         previous=previous,
         decision=Decision(status=status),
@@ -162,7 +168,8 @@ def decide(
 ) -> Decision:
     """`hold`: a queue keeps the job suspended (operator/kueue.py). `stacks`: every rank's stacks
     from the pods' logs (operator/forensics.py), given when a stall is being decided, so the
-    Stalled failure names the rank that hung."""
+    Stalled failure names the rank that hung. `now` may carry a fraction of a second: only the
+    timeline keeps it (to the millisecond); every other time is whole seconds."""
     run = _observe(job, uid, pods, now, policy)
     run.stacks = stacks
     if is_true(run.status, "Succeeded") or is_true(run.status, "Failed"):
@@ -172,12 +179,16 @@ def decide(
     if hold is not None:
         return _suspend(run, hold)
     _resume(run)
+    _carry_over(run)
     unavailable = _choose_gang(run)
     if unavailable is not None:
         return _finish(run, False, "GangSchedulingUnavailable", unavailable)
-    problem = _first_problem(run)
+    problem, held = _first_problem(run)
     if problem is not None:
-        return _restart_or_fail(run, problem, service_exists)
+        return _restart_or_fail(run, problem, service_exists, in_place=held and _in_place(run))
+    overdue = _in_place_overdue(run)
+    if overdue is not None:
+        return _restart_or_fail(run, overdue, service_exists)
     if _gang_succeeded(run):
         return _finish(run, True, "AllNodesSucceeded", f"all {job.spec.nodes} nodes exited 0")
     stragglers = _stragglers(run)
@@ -188,7 +199,7 @@ def decide(
         return _finish(run, False, *timed_out)
     stall = _stalled(run)
     if stall is not None:
-        return _restart_or_fail(run, stall, service_exists)
+        return _restart_or_fail(run, stall, service_exists, in_place=_in_place(run, stalled=True))
     _placement(run)
     return _converge(run, service_exists)
 
@@ -213,6 +224,7 @@ def _suspend(run: _Pass, hold: Hold | None = None) -> Decision:
     # As for a batch/v1 Job, the deadline clock stops while suspended and restarts on resume.
     status.start_time = None
     status.replicas = ReplicaCounts()
+    status.timeline = None
     run.decision.delete_pods = [(p.name, p.uid) for p in run.live]
     run.decision.commit_first = True
     status.phase = derive_phase(status)
@@ -241,8 +253,10 @@ def _choose_gang(run: _Pass) -> str | None:
     return None
 
 
-def _first_problem(run: _Pass) -> Problem | None:
-    """The gang failure to act on: the first in time (its consequences follow it)."""
+def _first_problem(run: _Pass) -> tuple[Problem | None, bool]:
+    """The gang failure to act on: the first in time (its consequences follow it); a lost pod
+    before a failure its gang's torchrun agents hold (reported in their `failure` record).
+    Whether it is such a held failure."""
     attempt = run.status.attempt
     failed = sorted((p for p in run.current if p.phase == "Failed"), key=lambda p: (p.finished or run.now, p.rank or 0))
     deleted = [p for p in run.ours if p.terminating and p.attempt == attempt]
@@ -251,10 +265,59 @@ def _first_problem(run: _Pass) -> Problem | None:
         *((p, "deleted") for p in [*deleted, *_vanished(run, deleted)]),
         *((p, "stuck") for p in _stuck(run)),
     ]
-    if not problems:
+    if problems:
+        pod, kind = problems[0]
+        return (failure_of(pod, attempt, kind, run.now), pod.conditions), False
+    held = sorted((p.held for p in run.current if p.held is not None and p.held.attempt == attempt), key=_held_order)
+    if not held:
+        return None, False
+    first = held[0]
+    blamed = _by_rank(run.current).get(first.node)
+    failure = held_failure(first, blamed, naming.pod_name(run.job.name, first.node))
+    return (failure, blamed.conditions if blamed is not None else ()), True
+
+
+def _held_order(held: GangFailure) -> tuple[datetime, int]:
+    return held.time, held.node
+
+
+def _in_place(run: _Pass, *, stalled: bool = False) -> bool:
+    """Whether the gang can restart inside its pods: runPolicy.restartStrategy InPlace, and every
+    node's pod of the attempt is there and running. A stalled gang also needs every pod Ready:
+    each torchrun agent runs its workers, so it can be told to restart them."""
+    nodes = run.job.spec.nodes
+    if run.run.restart_strategy != "InPlace" or len(_by_rank(run.current)) != nodes:
+        return False
+    if any(p.phase != "Running" for p in run.current):
+        return False
+    return not stalled or all(p.ready for p in run.current)
+
+
+def _carry_over(run: _Pass) -> None:
+    """Pods still labelled with the attempt before an in-place restart (the operator stopped
+    before relabelling them, or the watch has not shown it yet): move them again."""
+    line, attempt = run.status.timeline, run.status.attempt
+    if line is None or line.start != "InPlace" or line.attempt != attempt:
+        return
+    moved = [p for p in run.stale if p.attempt == attempt - 1 and p.phase == "Running"]
+    run.decision.restart_in_place += [(p.name, p.uid) for p in moved]
+    run.current += [replace(p, attempt=attempt, held=None) for p in moved]
+    run.stale = [p for p in run.stale if p not in moved]
+
+
+def _in_place_overdue(run: _Pass) -> Problem | None:
+    """An attempt restarted in place whose rank 0 has not joined its process group within
+    Policy.in_place_timeout: it is recreated (see failures.in_place_timeout_failure)."""
+    line, timeout = run.status.timeline, run.policy.in_place_timeout
+    if line is None or line.start != "InPlace" or line.attempt != run.status.attempt:
         return None
-    pod, kind = problems[0]
-    return failure_of(pod, attempt, kind, run.now), pod.conditions
+    if line.rendezvous_at is not None or line.detected_at is None:
+        return None
+    due = line.detected_at + timeout
+    if run.now < due:
+        run.decision.requeue((due - run.now).total_seconds())
+        return None
+    return in_place_timeout_failure(line.attempt, line.detected_at, timeout, run.now), ()
 
 
 def _vanished(run: _Pass, deleted: list[PodView]) -> list[PodView]:
@@ -284,7 +347,7 @@ def _stuck(run: _Pass) -> list[PodView]:
     return stuck
 
 
-def _restart_or_fail(run: _Pass, problem: Problem, service_exists: bool) -> Decision:
+def _restart_or_fail(run: _Pass, problem: Problem, service_exists: bool, *, in_place: bool = False) -> Decision:
     failure, conditions = problem
     status, policy = run.status, run.run
     done = completed(status)
@@ -311,12 +374,21 @@ def _restart_or_fail(run: _Pass, problem: Problem, service_exists: bool) -> Deci
         status.uncounted_restarts += 1
         budget = "not counted against maxRestarts"
     rule = f"; {verdict.rule}" if verdict.rule else ""
-    message = f"{describe(failure)}; restarting the whole gang as attempt {status.attempt} ({budget}{rule})"
+    how = "in place " if in_place else ""
+    message = f"{describe(failure)}; restarting the whole gang {how}as attempt {status.attempt} ({budget}{rule})"
     run.condition("Restarting", True, failure.reason, message)
     run.condition("Running", False, "Restarting", message, only_if_present=True)
     run.decision.events.append(Event("Warning", "GangRestart", message))
     status.replicas = ReplicaCounts()
-    run.stale, run.current = run.live, []
+    start: AttemptStart = "InPlace" if in_place else "Recreate"
+    status.timeline = timeline.begin(status.attempt, start, failed_at=failure.time, detected_at=run.precise)
+    if in_place:
+        # Nothing is deleted: each pod moves to the new attempt and its agent restarts the workers.
+        run.decision.restart_in_place = [(p.name, p.uid) for p in run.current]
+        run.current = [replace(p, attempt=status.attempt, held=None, ready=False) for p in run.current]
+        run.decision.requeue(run.policy.in_place_timeout.total_seconds())
+    else:
+        run.stale, run.current = run.live, []
     return _converge(run, service_exists)
 
 
@@ -425,6 +497,8 @@ def _stalled(run: _Pass) -> Problem | None:
 
 
 def _finish(run: _Pass, success: bool, reason: str, message: str) -> Decision:
+    if run.status.timeline is not None:
+        run.status.timeline = run.status.timeline.model_copy(update={"waiting_on": ""})
     run.condition("Succeeded" if success else "Failed", True, reason, message)
     run.condition("Running", False, "Succeeded" if success else "Failed", message, only_if_present=True)
     run.condition("Restarting", False, reason, message, only_if_present=True)
@@ -471,10 +545,15 @@ def _converge(run: _Pass, service_exists: bool) -> Decision:
         status.start_time = run.now
         if run.run.active_deadline_seconds is not None:
             decision.requeue(run.run.active_deadline_seconds)
-
     # Pods created in this pass count as observed only when they are created before the
     # status is written; otherwise the next pass observes them.
     assumed = [] if decision.commit_first else decision.create_ranks
+    if decision.create_ranks and (status.timeline is None or status.timeline.attempt != status.attempt):
+        resumed = get_condition(status, "Suspended") is not None
+        start: AttemptStart = "Resume" if resumed else "Start" if status.attempt == 0 else "Recreate"
+        status.timeline = timeline.begin(status.attempt, start, detected_at=run.precise)
+    if status.timeline is not None and status.timeline.attempt == status.attempt:
+        status.timeline = timeline.advance(status.timeline, run.current, nodes, creating=len(assumed), now=run.precise)
     counts = _counts(run.current)
     counts.active += len(assumed)
     status.replicas = counts
@@ -485,7 +564,17 @@ def _converge(run: _Pass, service_exists: bool) -> Decision:
             Event("Normal", "Created", f"created headless Service and {nodes} pods (attempt {status.attempt})")
         )
     # Ranks that already exited 0 wait for the others: the gang still runs.
-    if len(by_rank) == nodes and all(p.phase in ("Running", "Succeeded") for p in run.current):
+    running = len(by_rank) == nodes and all(p.phase in ("Running", "Succeeded") for p in run.current)
+    line = status.timeline
+    restarting = line is not None and line.start == "InPlace" and line.attempt == status.attempt
+    if running and restarting and line is not None and line.rendezvous_at is None:
+        # Restarted in place: the pods ran all along; the gang runs again once every torchrun
+        # agent started the attempt's workers (its pod turned Ready) or rank 0 met the others.
+        agents = sum(p.ready or p.phase == "Succeeded" for p in run.current)
+        running, counted = agents == nodes, f"{agents} of {nodes} torchrun agents restarted their workers"
+    else:
+        counted = f"{sum(p.phase == 'Running' for p in run.current)} of {nodes} pods running"
+    if running:
         message = f"all {nodes} pods of attempt {status.attempt} are running"
         if run.condition("Running", True, "AllPodsRunning", message):
             decision.events.append(Event("Normal", "Running", message))
@@ -495,7 +584,7 @@ def _converge(run: _Pass, service_exists: bool) -> Decision:
             "Running",
             False,
             "Restarting" if is_true(status, "Restarting") else "PodsNotRunning",
-            f"{sum(p.phase == 'Running' for p in run.current)} of {nodes} pods running",
+            counted,
             only_if_present=True,
         )
     _progress_resumed(run)

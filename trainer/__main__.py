@@ -19,6 +19,7 @@ waits for collectives in flight that no peer will finish. torchrun needs only th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -87,9 +88,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The operator reads the verdict from stdout like any other record.
             MetricsLogger(0, None).emit("preflight", step=0, epoch=0, ok=False, error=str(exc))
         return 1
-    except Exception:
+    except Exception as exc:
         log.exception("training failed")
+        record_error(exc)
         return 1
+
+
+def record_error(exc: BaseException) -> None:
+    """Under torchrun: the error file its agent reads for the failure's message (status.failures[]
+    with an in-place restart, whose pods keep running and leave no termination message)."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return
+    with contextlib.suppress(Exception):
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(exc)
+
 
 
 if __name__ == "__main__":

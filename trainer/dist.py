@@ -12,8 +12,6 @@ import contextlib
 import datetime
 import logging
 import os
-import socket
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -30,6 +28,8 @@ import torch.distributed.nn
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
 
 from kubetrain.api import contract
+from kubetrain.trainer import reach
+from kubetrain.trainer.metrics import MetricsLogger
 from kubetrain.trainer.torchrun_hooks import wait_for_other_agents
 
 log = logging.getLogger("kubetrain.trainer")
@@ -148,29 +148,17 @@ def resolve_backend(requested: str) -> str:
     return requested
 
 
-def wait_for_master(host: str, port: int, timeout_s: float, *, interval_s: float = 0.5) -> float:
+def wait_for_master(host: str, port: int, timeout_s: float, *, interval_s: float = reach.INTERVAL_S) -> float:
     """Retry TCP connects to the master until one succeeds; return the seconds waited.
 
-    Name resolution is retried too: a headless Service's record appears only once the
-    master pod is ready, so early workers see "name does not resolve" for a while.
+    Name resolution is retried too, at the same short fixed interval (trainer/reach.py): a
+    headless Service's record appears only once the master pod has an IP, so early workers see
+    "name does not resolve" for a while.
     """
-    start = time.monotonic()
-    last_error = ""
-    delay = min(0.05, interval_s)
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=min(5.0, max(timeout_s, 0.1))):
-                return time.monotonic() - start
-        except OSError as exc:
-            last_error = f"{type(exc).__name__}: {exc}"
-        waited = time.monotonic() - start
-        if waited >= timeout_s:
-            raise MasterUnreachableError(
-                f"master {host}:{port} did not accept a connection within {waited:.1f} s "
-                f"(connectTimeoutSeconds={timeout_s:g}); last error: {last_error}"
-            )
-        time.sleep(min(delay, max(timeout_s - waited, 0.0)))
-        delay = min(delay * 2, interval_s)
+    try:
+        return reach.wait_for(host, port, timeout_s, interval_s=interval_s)
+    except reach.Unreachable as exc:
+        raise MasterUnreachableError(f"master {exc} (connectTimeoutSeconds={timeout_s:g})") from None
 
 
 def _under_torchrun_agent() -> bool:
@@ -272,6 +260,8 @@ def setup(
         timeout=datetime.timedelta(seconds=timeout_s),
         device_id=device if backend == "nccl" else None,
     )
+    # The attempt's timeline (api/records.py): when the gang's process group formed.
+    MetricsLogger(env.rank, None).mark("rendezvous", world_size=env.world_size, backend=backend)
     # Only a client is kept: a master rank's own server must go with its process group.
     agent_store = raw_store if _under_torchrun_agent() else None
     global _current

@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from kubetrain.api.records import EVENTS, METRICS_FILE
+from kubetrain.api.contract import ATTEMPT_ENV
+from kubetrain.api.records import EVENTS, MARKS, METRICS_FILE
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -72,17 +74,32 @@ class MetricsLogger:
             self._file = self.path.open("a", encoding="utf-8")
 
     def emit(self, event: str, *, step: int, epoch: int, **fields: Any) -> dict[str, Any] | None:
-        if event not in EVENTS:
-            raise ValueError(f"unknown metrics event {event!r}; expected one of {EVENTS}")
+        if event not in EVENTS or event in MARKS:
+            raise ValueError(f"unknown metrics event {event!r}; expected one of {EVENTS} but {MARKS}")
         if self.rank != 0:
             return None
-        record: dict[str, Any] = {
-            "event": event,
-            "time": time.time(),
-            "step": step,
-            "epoch": epoch,
-            "total_steps": self.total_steps,
-        }
+        record = self._record(event, step=step, epoch=epoch, total_steps=self.total_steps, **fields)
+        print(_human(record), file=sys.stderr, flush=True)
+        return record
+
+    def mark(self, event: str, **fields: Any) -> dict[str, Any] | None:
+        """A record without a step (`rendezvous`): it marks the attempt's start-up, not progress."""
+        if event not in MARKS:
+            raise ValueError(f"unknown mark {event!r}; expected one of {MARKS}")
+        if self.rank != 0:
+            return None
+        record = self._record(event, **fields)
+        details = "  ".join(f"{key} {value}" for key, value in fields.items())
+        print(f"{event:<10} {details}".rstrip(), file=sys.stderr, flush=True)
+        return record
+
+    def _record(self, event: str, **fields: Any) -> dict[str, Any]:
+        record: dict[str, Any] = {"event": event, "time": time.time()}
+        attempt = os.environ.get(ATTEMPT_ENV, "")
+        if attempt.isdigit():
+            # The attempt the record belongs to (its timeline): a restarted gang's rank 0 may log
+            # into the same output as the attempt before it.
+            record["attempt"] = int(attempt)
         record.update({key: _clean(value) for key, value in fields.items()})
         line = json.dumps(record, separators=(",", ":"), allow_nan=False)
         if self.stdout:
@@ -91,7 +108,6 @@ class MetricsLogger:
         if self._file is not None:
             self._file.write(line + "\n")
             self._file.flush()
-        print(_human(record), file=sys.stderr, flush=True)
         return record
 
     def close(self) -> None:

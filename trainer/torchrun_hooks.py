@@ -18,17 +18,30 @@ When they are, two of torch's exit races are closed where a user's script cannot
   agent waits in it (bounded by the barrier's own timeout), so the barrier opens on the
   store's host. torchrun runs the exit barrier only after its workers succeeded.
 
-Both hooks use private torch names; a torch that renamed them gets a warning and torch's own
+* torchrun itself ends with `os._exit` once its outcome is known (its error summary printed, its
+  streams flushed): finalizing the thousands of modules torch loads took it 10-11 s after its
+  workers had failed, on 2 loaded cores, and the pod's end (a recreated gang's start) waited.
+* torchrun's static rendezvous: a node other than 0 waits for node 0's name and port at a short
+  fixed interval before torch's store client connects (which retries a name that does not
+  resolve yet with growing gaps), see kubetrain.trainer.reach.
+* The in-place gang restart (runPolicy.restartStrategy InPlace, when KUBETRAIN_ATTEMPT_FILE is
+  set): torchrun's agent holds a failed gang and restarts its workers when the pod is moved to
+  the next attempt, starting them as forks of itself; see kubetrain.trainer.agent.
+
+The hooks use private torch names; a torch that renamed them gets a warning and torch's own
 behaviour, never a failure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import logging
+import os
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -136,10 +149,62 @@ def _node0_enters_exit_barrier_last(module: ModuleType) -> None:
     agent_class._exit_barrier = _exit_barrier
 
 
+def _exit_when_done(module: ModuleType) -> None:
+    """torch.distributed.run loaded: its `main` ends the process when it returns or raises."""
+    original = getattr(module, "main", None)
+    if original is None or getattr(original, "_kubetrain_hooked", False):
+        return
+
+    def main(args: Any = None) -> Any:
+        code: int = 0
+        try:
+            original(args)
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+            if not isinstance(done.code, int | None):
+                print(done.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()  # what the interpreter would print for an uncaught exception
+            code = 1
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+    main.__wrapped__ = original  # type: ignore[attr-defined]
+    main._kubetrain_hooked = True  # type: ignore[attr-defined]
+    setattr(module, "main", main)  # noqa: B010
+
+
+def _wait_for_node0(module: ModuleType) -> None:
+    from kubetrain.trainer import agent
+
+    agent.patch_static_rendezvous(module)
+
+
+def _restart_in_place(module: ModuleType) -> None:
+    from kubetrain.trainer import agent
+
+    if agent.enabled():
+        agent.patch_agent(module)
+
+
+def _warm_workers(module: ModuleType) -> None:
+    from kubetrain.trainer import agent
+
+    if agent.enabled():
+        agent.patch_handler(module)
+
+
 HOOKS: dict[str, Callable[[ModuleType], None]] = {
     "torch.distributed.distributed_c10d": _import_nn_before_init,
     "torch.distributed": _rebind_package,
     "torch.distributed.elastic.agent.server.api": _node0_enters_exit_barrier_last,
+    "torch.distributed.elastic.rendezvous.static_tcp_rendezvous": _wait_for_node0,
+    "torch.distributed.run": _exit_when_done,
+    "torch.distributed.elastic.agent.server.local_elastic_agent": _restart_in_place,
+    "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler": _warm_workers,
 }
 
 

@@ -131,6 +131,7 @@ class LogWindow:
         self.steps = 0
         self.start = time.perf_counter()
         self.last_loss: float | None = None
+        self.records = 0  # step records logged by this run
 
     def add(self, loss: torch.Tensor) -> None:
         self.loss_sum += loss
@@ -159,6 +160,7 @@ class LogWindow:
         self.loss_sum.zero_()
         self.steps = 0
         self.start = time.perf_counter()
+        self.records += 1
         return fields, votes > 0
 
 
@@ -313,8 +315,10 @@ def train_step(run: Run, micro_batches: Iterator[Batch], state: TrainState) -> t
 
 
 def log_if_due(run: Run, state: TrainState, window: LogWindow) -> bool:
-    """On log steps: the window's one collective and a step record. Returns the agreed time vote."""
-    if state.step % run.spec.log_every_steps != 0 and state.step != run.total_steps:
+    """On log steps: the window's one collective and a step record. Returns the agreed time vote.
+    The first step of every run is logged too: it ends the attempt's start-up (its timeline)."""
+    due = state.step % run.spec.log_every_steps == 0 or state.step == run.total_steps
+    if not due and window.records > 0:
         return False
     fields, time_vote = window.close(run.checkpointer.time_vote())
     run.metrics.emit("step", step=state.step, epoch=state.epoch, lr=run.scheduler.get_last_lr()[0], **fields)

@@ -43,8 +43,14 @@ def test_only_the_rewrite_table_differs_from_the_rendered_pods(tmp_path: Path) -
             "OMP_NUM_THREADS",
             "PYTHONUNBUFFERED",
             "PYTHONPATH",
+            "KUBETRAIN_ATTEMPT_FILE",
+            "KUBETRAIN_AGENT_PORT",
         }
         assert set(node.rewritten) == changed
+        # The in-place restart: the node's stand-in for its pod's attempt label file; no probe port.
+        assert node.env["KUBETRAIN_ATTEMPT_FILE"] == str(plan.attempt_file(node.rank))
+        assert cluster["KUBETRAIN_ATTEMPT_FILE"].startswith("/etc/kubetrain-pod/")
+        assert node.env["KUBETRAIN_AGENT_PORT"] == ""
         assert node.env["MASTER_ADDR"] == node.env["PET_MASTER_ADDR"] == "127.0.0.1"
         assert node.env["MASTER_PORT"] == node.env["PET_MASTER_PORT"] == "41234"
         assert node.env["CUDA_VISIBLE_DEVICES"] == ""

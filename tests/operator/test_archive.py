@@ -55,7 +55,7 @@ def view(
         node="node-a" if scheduled else None,
         scheduled=scheduled,
         exit_code=exit_code,
-        started=started,
+        has_run=started,
         deleted_at=None if deleted is None else NOW + timedelta(seconds=deleted),
         deletion_grace=None if deleted is None else grace,
         finalizers=finalizers,

@@ -67,6 +67,28 @@ def test_parse_keeps_the_last_complete_dump_of_each_timeout() -> None:
     assert stacks[1].waiting_in is None
 
 
+# A worker the torchrun agent forked (the in-place restart's warm start) runs inside the agent's
+# call stack: its frames end in the fork, then torchrun's own.
+FORKED = [
+    (f"{STDLIB}/runpy.py", 88, "_run_code"),
+    ("/venv/lib/python3.11/site-packages/kubetrain/trainer/warmstart.py", 170, "_become_worker"),
+    ("/venv/lib/python3.11/site-packages/kubetrain/trainer/warmstart.py", 125, "fork"),
+    (f"{TORCH}/distributed/elastic/multiprocessing/subprocess_handler/subprocess_handler.py", 58, "__init__"),
+    (f"{TORCH}/distributed/run.py", 1138, "main"),
+]
+
+
+def test_a_forked_worker_s_stack_ends_where_its_agent_s_begins() -> None:
+    """Without the cut, the agent's torch.distributed frames would read as waiting in a collective."""
+    hung = [("/app/train.py", 12, "block_forever"), ("/app/train.py", 60, "<module>"), *FORKED]
+    waiting = [*IN_ALL_REDUCE, *FORKED]
+    stacks = collect({0: dump(15, waiting), 1: dump(15, hung), 2: dump(15, waiting)}, 1, 15)
+    assert [f.func for f in stacks[1].main] == ["block_forever", "<module>", "_run_code"]
+    assert stacks[1].waiting_in is None and stacks[0].waiting_in == "wrapper"
+    verdict = blame(stacks, 3)
+    assert verdict.rank == 1 and "rank 1 not in the collective ranks 0, 2 wait in" in verdict.message, verdict
+
+
 @pytest.mark.parametrize(
     ("stacks", "world", "rank", "said"),
     [

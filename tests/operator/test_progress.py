@@ -81,3 +81,105 @@ def test_garbage_yields_nothing_or_safe_values(text: str) -> None:
 def test_out_of_range_values_are_dropped_not_raised() -> None:
     progress, _ = parse(line("eval", step=3, accuracy=7.0) + "\n" + line("step", step=4, samples_per_s=-5))
     assert progress is not None and progress.accuracy is None and progress.samples_per_second is None
+
+
+# --- the marks of an attempt's start-up and end (api/records.py MARKS) ------------------------
+
+
+def mark(event: str, at: float, **fields: Any) -> str:
+    return json.dumps({"event": event, "time": at, **fields})
+
+
+T = 1_700_000_100.0
+
+
+def test_marks_never_move_progress() -> None:
+    before, _ = parse(line("step", step=60, loss=1.0))
+    after, _ = parse(
+        "\n".join(
+            [mark("rendezvous", T, attempt=1), mark("launch", T, attempt=1, node=0), mark("failure", T, attempt=1)]
+        ),
+        before,
+    )
+    assert after == before
+
+
+def test_the_timeline_takes_the_first_milestones_of_its_attempt() -> None:
+    from kubetrain.api.models import Timeline
+    from kubetrain.api.records import fold_timeline
+
+    since = datetime.fromtimestamp(T, UTC)
+    line0 = Timeline(attempt=2, start="InPlace", detected_at=since)
+    text = "\n".join(
+        [
+            line("step", step=40, attempt=1, time=T + 0.5),  # the attempt before, printed late
+            mark("launch", T + 0.2, attempt=2, node=1),  # another node's agent: not the timeline's
+            mark("launch", T + 0.3, attempt=2, node=0),
+            mark("rendezvous", T + 0.45, attempt=2),
+            line("start", step=22, attempt=2, time=T + 0.6),
+            line("step", step=23, attempt=2, time=T + 0.8),
+            line("step", step=25, attempt=2, time=T + 0.9),
+        ]
+    )
+    folded = fold_timeline(text, line0)
+    assert folded is not None
+    assert [
+        round(t.timestamp() - T, 3) for t in (folded.workers_started_at, folded.rendezvous_at, folded.first_step_at)
+    ] == [
+        0.3,
+        0.45,
+        0.8,
+    ]
+    # A script's own records carry no attempt: they count from the attempt's start.
+    own = fold_timeline(line("step", step=1, time=T - 1) + "\n" + line("step", step=2, time=T + 2), line0)
+    assert own is not None and own.first_step_at == datetime.fromtimestamp(T + 2, UTC)
+
+
+def test_the_gang_failure_of_an_attempt_is_its_newest_failure_record() -> None:
+    from kubetrain.api.records import gang_failure
+
+    text = "\n".join(
+        [
+            mark("failure", T, attempt=0, node=1, rank=1, exit_code=137, reason="Error", message="old"),
+            mark("failure", T + 5, attempt=1, node=0, rank=3, exit_code=1, reason="OOMKilled", message="new"),
+            "garbage",
+        ]
+    )
+    found = gang_failure(text, 1)
+    assert found is not None and (found.node, found.rank, found.exit_code, found.reason, found.message) == (
+        0,
+        3,
+        1,
+        "OOMKilled",
+        "new",
+    )
+    assert gang_failure(text, 2) is None and gang_failure(mark("failure", T, attempt=1), 1) is None
+
+
+def test_a_pod_that_turns_not_ready_during_its_attempt_is_read_for_a_held_failure() -> None:
+    from dataclasses import replace
+    from datetime import timedelta
+
+    from support.pods import T0, pod_view
+    from test_status import make_job
+
+    from kubetrain.api.models import Timeline, TrainingJobStatus
+    from kubetrain.api.records import GangFailure
+    from kubetrain.operator.progress import held_suspect, holding
+
+    job = make_job()
+    running = [pod_view(job, r, phase="Running") for r in range(3)]  # started at T0
+    status = TrainingJobStatus(attempt=0)
+    assert held_suspect(status, running) is None, "never Ready since it started: still starting"
+    flipped = [replace(p, ready_at=T0 + timedelta(seconds=40)) for p in running]
+    assert held_suspect(status, [flipped[0], running[1], flipped[2]]) == "j-node-0"
+    assert held_suspect(status, [running[0], running[1], flipped[2]]) == "j-node-2"
+    # An in-place attempt decided at T0+41: its pods turned NotReady before, holding attempt 0.
+    later = TrainingJobStatus(
+        attempt=1, timeline=Timeline(attempt=1, start="InPlace", detected_at=T0 + timedelta(seconds=41))
+    )
+    moved = [replace(p, attempt=1) for p in flipped]
+    assert held_suspect(later, moved) is None
+    held = GangFailure(1, 2, 2, 137, "Error", "x", T0)
+    attached = holding(moved, held)
+    assert [p.held for p in attached] == [None, None, held]

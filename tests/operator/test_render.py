@@ -85,6 +85,11 @@ def test_pod_env_contract_exact() -> None:
         {"name": "PET_SHUTDOWN_TIMEOUT", "value": "120"},
         {"name": "KUBETRAIN_CONFIG", "value": j.spec.trainer_config().to_env_value()},
         {"name": "KUBETRAIN_CHECKPOINT_DIR", "value": "/checkpoints"},
+        # The attempt the pod was created for; with the in-place restart (runPolicy.restartStrategy
+        # InPlace, the default) the file its label is projected to and the agent's (readiness) port.
+        {"name": "KUBETRAIN_ATTEMPT", "value": "4"},
+        {"name": "KUBETRAIN_ATTEMPT_FILE", "value": "/etc/kubetrain-pod/attempt"},
+        {"name": "KUBETRAIN_AGENT_PORT", "value": "29501"},
         {"name": "FOO", "value": "bar"},
     ]
     # The config round-trips into the trainer's model unchanged.
@@ -166,11 +171,41 @@ def test_pod_shape() -> None:
     assert container["volumeMounts"] == [
         {"name": "checkpoints", "mountPath": "/checkpoints"},
         {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "kubetrain-pod", "mountPath": "/etc/kubetrain-pod", "readOnly": True},
     ]
     assert spec["volumes"] == [
         {"name": "checkpoints", "emptyDir": {}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+        {
+            "name": "kubetrain-pod",
+            "downwardAPI": {
+                "items": [{"path": "attempt", "fieldRef": {"fieldPath": "metadata.labels['kubetrain.dev/attempt']"}}]
+            },
+        },
     ]
+
+
+def test_in_place_parts_follow_the_restart_strategy() -> None:
+    """InPlace (the default): the agent's port, a readiness probe on it every second, and the
+    attempt label as a file; Recreate renders none of them."""
+    container = render_pod(job(masterPort=65535), "ns", UID, 0, 2)["spec"]["containers"][0]
+    assert container["ports"] == [
+        {"name": "rendezvous", "containerPort": 65535, "protocol": "TCP"},
+        {"name": "agent", "containerPort": 65534, "protocol": "TCP"},
+    ]
+    assert container["readinessProbe"] == {
+        "tcpSocket": {"port": "agent"},
+        "periodSeconds": 1,
+        "timeoutSeconds": 1,
+        "successThreshold": 1,
+        "failureThreshold": 1,
+    }
+    recreate = render_pod(job(runPolicy={"restartStrategy": "Recreate"}), "ns", UID, 0, 2)
+    (plain,) = recreate["spec"]["containers"]
+    assert "readinessProbe" not in plain and [p["name"] for p in plain["ports"]] == ["rendezvous"]
+    assert not {"KUBETRAIN_ATTEMPT_FILE", "KUBETRAIN_AGENT_PORT"} & set(env_of(recreate))
+    assert env_of(recreate)["KUBETRAIN_ATTEMPT"] == "2", "rank 0's records carry the attempt either way"
+    assert [v["name"] for v in recreate["spec"]["volumes"]] == ["checkpoints", "dshm"]
 
 
 def test_restricted_pod_security() -> None:
@@ -277,10 +312,11 @@ def test_template_merged_into_the_pod() -> None:
     assert meta["labels"]["team"] == "vision" and meta["labels"][naming.LABEL_ROLE] == "master"
     assert meta["annotations"] == {"sidecar.istio.io/inject": "false"}
     # Volumes and mounts after kubetrain's.
-    assert [v["name"] for v in spec["volumes"]] == ["checkpoints", "dshm", "data", "labels"]
+    assert [v["name"] for v in spec["volumes"]] == ["checkpoints", "dshm", "kubetrain-pod", "data", "labels"]
     assert container["volumeMounts"] == [
         {"name": "checkpoints", "mountPath": "/checkpoints"},
         {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "kubetrain-pod", "mountPath": "/etc/kubetrain-pod", "readOnly": True},
         {"name": "data", "mountPath": "/data", "readOnly": True},
         {"name": "labels", "mountPath": "/etc/labels"},
     ]
@@ -398,6 +434,8 @@ def test_host_network_resolves_the_cluster_and_claims_the_master_port() -> None:
     pod = render_pod(job(masterPort=23456, template={"spec": {"hostNetwork": True}}), "ns", UID, 0, 0)
     assert pod["spec"]["hostNetwork"] is True
     assert pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+    # The agent's port (the readiness probe's, runPolicy.restartStrategy InPlace) is the node's too.
     assert pod["spec"]["containers"][0]["ports"] == [
-        {"name": "rendezvous", "containerPort": 23456, "hostPort": 23456, "protocol": "TCP"}
+        {"name": "rendezvous", "containerPort": 23456, "hostPort": 23456, "protocol": "TCP"},
+        {"name": "agent", "containerPort": 23457, "hostPort": 23457, "protocol": "TCP"},
     ]

@@ -67,12 +67,14 @@ def test_stored_pods_carry_the_template(cluster: Cluster, operator: OperatorProc
         want = render_pod(model, cluster.namespace, created["metadata"]["uid"], rank, 0, RenderSettings())
         assert contains(got["spec"], want["spec"]), f"the stored pod lost part of\n{yaml.safe_dump(want['spec'])}"
         spec, trainer = got["spec"], got["spec"]["containers"][0]
-        assert [v["name"] for v in spec["volumes"]] == ["checkpoints", "dshm", "data", "labels"]
-        assert spec["volumes"][2]["persistentVolumeClaim"] == {"claimName": "imagenet"}
-        assert spec["volumes"][3]["configMap"]["name"] == "labels"
+        # kubetrain-pod: the attempt label for the in-place restart (runPolicy.restartStrategy InPlace).
+        assert [v["name"] for v in spec["volumes"]] == ["checkpoints", "dshm", "kubetrain-pod", "data", "labels"]
+        assert spec["volumes"][3]["persistentVolumeClaim"] == {"claimName": "imagenet"}
+        assert spec["volumes"][4]["configMap"]["name"] == "labels"
         assert [(m["name"], m["mountPath"]) for m in trainer["volumeMounts"]] == [
             ("checkpoints", "/checkpoints"),
             ("dshm", "/dev/shm"),
+            ("kubetrain-pod", "/etc/kubetrain-pod"),
             ("data", "/data"),
             ("labels", "/etc/labels"),
         ]

@@ -36,9 +36,11 @@ def pod_view(
     waiting: str | None = None,
     node: str | None = None,
     conditions: list[dict[str, Any]] | None = None,
+    ready: bool = False,
 ) -> PodView:
     """Node `rank`'s pod of `attempt` in `phase`; `exit_code` makes its container terminated,
-    `waiting` a waiting reason, `conditions` pod conditions (e.g. DisruptionTarget)."""
+    `waiting` a waiting reason, `conditions` pod conditions (e.g. DisruptionTarget), `ready` a
+    Ready condition (with a running container: started at `created`)."""
     body = render_pod(job, job.metadata.namespace or "ns", job_uid, rank, attempt)
     body["metadata"]["uid"] = f"pod-{rank}-{attempt}"
     body["metadata"]["creationTimestamp"] = _stamp(created)
@@ -54,9 +56,14 @@ def pod_view(
         state = {"terminated": terminated}
     elif waiting:
         state = {"waiting": {"reason": waiting}}
+    elif phase == "Running":
+        state = {"running": {"startedAt": _stamp(created)}}
+    conditions = list(conditions or [])
+    if ready:
+        conditions.append({"type": "Ready", "status": "True", "lastTransitionTime": _stamp(created)})
     body["status"] = {
         "phase": phase,
         "containerStatuses": [{"name": naming.CONTAINER_NAME, "state": state}] if state else [],
-        "conditions": conditions or [],
+        "conditions": conditions,
     }
     return PodView.from_pod(body)

@@ -11,15 +11,22 @@ support.kubelet_logs.LogServer), so the operator reads rank 0's progress, keeps 
 deleted pods, and `kubetrain logs` works. So a test can go apply -> operator -> pods ->
 training -> Succeeded on one machine.
 
-What a container would isolate is shared here, so three things are translated:
+What a container would isolate is shared here, so four things are translated:
 - every pod has the node's loopback: env values that are in-cluster DNS names
   (`*.svc`, `*.svc.<domain>`) become 127.0.0.1; pods of one job must use distinct ports;
+- a port a tcpSocket readiness probe checks (the in-place restart's agent port) becomes a free
+  port of its own per pod, in the probe and in every env value that names it;
 - volume mount paths are rewritten, in command, args and env values, to host directories
   under the node's workdir: one per PersistentVolumeClaim (shared by the pods that mount it)
   and one per pod for every other volume; a ConfigMap volume's directory holds its keys as
   files, and a pod whose ConfigMap does not exist yet waits (as a kubelet's mount does);
-- the image is ignored: executables come from PATH with this interpreter's bin dir first.
-Init containers run first, one after another. restartPolicy is treated as Never.
+- the image is ignored: executables come from PATH with this interpreter's bin dir first, and
+  kubetrain's torchrun hooks load in every Python as the trainer image's .pth loads them
+  (PYTHONPATH starts with the sitecustomize `kubetrain run --local` uses).
+Init containers run first, one after another. restartPolicy is treated as Never. A tcpSocket
+readiness probe is tried every poll (0.2 s) and sets Ready; a downward API volume's files of
+`metadata.labels[...]`/`metadata.annotations[...]` are written at start and rewritten when the
+pod's labels change (a kubelet does within a second).
 
     with ProcessNode(control_plane.api_client, namespaces=[ns], workdir=tmp_path) as node:
         ...create pods or a TrainingJob...
@@ -32,6 +39,7 @@ import base64
 import contextlib
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -43,7 +51,7 @@ from typing import Any
 
 from kubernetes import client
 
-from kubetrain.local.localize import expand
+from kubetrain.local.localize import SITE_DIR, expand
 from kubetrain.local.processes import ProcessTree, note_groups, stop, subreaper
 
 from .kubelet import node_manifest as _node_manifest
@@ -72,6 +80,10 @@ class _Pod:
     started: str = ""
     phase: str = "Pending"
     stopping: bool = False
+    probe_port: int | None = None  # the local port standing in for a tcpSocket readiness probe's
+    ready: bool = False
+    ready_at: str = ""
+    projected: dict[Path, str] = field(default_factory=dict)  # downward API file -> what it holds
 
 
 class _NotReady(Exception):
@@ -135,6 +147,9 @@ class ProcessNode:
             self._kill(pod, grace=2)
         self._cleanup.close()
         self.api.close()
+
+    def ensure_node(self) -> None:
+        """The Node object exists from `start` on (support/kubelet_logs.py serves its pods' logs)."""
 
     def logs(self, namespace: str, name: str, container: str | None = None) -> str:
         pod_dir = self.workdir / "pods" / namespace / name
@@ -207,7 +222,10 @@ class ProcessNode:
             elif state is None and pod.status.phase in (None, "Pending"):
                 self._launch(pod)
             elif state is not None and state.phase == "Running":
+                self._project(pod, state)
                 self._reap(state)
+                if state.phase == "Running":
+                    self._probe(state)
         for uid in set(self.pods) - seen:
             self._kill(self.pods.pop(uid), grace=0)
 
@@ -257,6 +275,9 @@ class ProcessNode:
         self.pods[state.uid] = state
         self._named[(ns, name)] = state
         state.started = now()
+        state.ready_at = state.started
+        state.probe_port = self._probe_port(pod)
+        self._project(pod, state)
         for init in pod.spec.init_containers or []:
             code = self._spawn(pod, init, mounts, state).proc.wait()
             if code != 0:
@@ -303,6 +324,63 @@ class ProcessNode:
             (host / path).write_text(data[key])
 
     @staticmethod
+    def _probe_port(pod: Any) -> int | None:
+        """A free local port for the pod's tcpSocket readiness probe (pods share loopback)."""
+        for container in pod.spec.containers:
+            probe = container.readiness_probe
+            if probe is None or probe.tcp_socket is None:
+                continue
+            with contextlib.closing(socket.socket()) as sock:
+                sock.bind(("127.0.0.1", 0))
+                return int(sock.getsockname()[1])
+        return None
+
+    @staticmethod
+    def _probed(pod: Any) -> set[str]:
+        """The container port numbers (as text) that a tcpSocket readiness probe checks."""
+        found = set()
+        for container in pod.spec.containers:
+            probe = container.readiness_probe
+            if probe is None or probe.tcp_socket is None:
+                continue
+            port = probe.tcp_socket.port
+            named = {p.name: p.container_port for p in container.ports or []}
+            found.add(str(named.get(port, port)))
+        return found
+
+    def _project(self, pod: Any, state: _Pod) -> None:
+        """Write (or rewrite) the downward API volumes' label and annotation files, atomically."""
+        meta = pod.metadata
+        for volume in pod.spec.volumes or []:
+            if volume.downward_api is None:
+                continue
+            for item in volume.downward_api.items or []:
+                match = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", item.field_ref.field_path or "")
+                if match is None:
+                    continue
+                value = str((getattr(meta, match.group(1)) or {}).get(match.group(2), ""))
+                path = state.workdir / "volumes" / volume.name / item.path
+                if state.projected.get(path) == value:
+                    continue
+                path.parent.mkdir(parents=True, exist_ok=True)
+                temporary = path.with_name(f".{path.name}.tmp")
+                temporary.write_text(value)
+                os.replace(temporary, path)
+                state.projected[path] = value
+
+    def _probe(self, state: _Pod) -> None:
+        if state.probe_port is None:
+            return
+        try:
+            with socket.create_connection(("127.0.0.1", state.probe_port), timeout=0.2):
+                ready = True
+        except OSError:
+            ready = False
+        if ready != state.ready:
+            state.ready, state.ready_at = ready, now()
+            self._report(state)
+
+    @staticmethod
     def _rewrite(value: str, mounts: dict[str, Path]) -> str:
         if IN_CLUSTER_HOST.match(value):
             return "127.0.0.1"
@@ -327,8 +405,14 @@ class ProcessNode:
             else:
                 env[var.name] = self._value_from(pod, var.value_from)
         env = {k: self._rewrite(v, mounts) for k, v in env.items()}
+        state = next((s for s in self.pods.values() if s.uid == pod.metadata.uid), None)
+        if state is not None and state.probe_port is not None:
+            probed = self._probed(pod)
+            env = {k: str(state.probe_port) if v in probed else v for k, v in env.items()}
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        return {**os.environ, "PATH": path, "HOSTNAME": pod.metadata.name, **self.extra_env, **env}
+        python_path = os.pathsep.join(p for p in (str(SITE_DIR), env.get("PYTHONPATH", "")) if p)
+        base = {**os.environ, "PATH": path, "HOSTNAME": pod.metadata.name, **self.extra_env, **env}
+        return {**base, "PYTHONPATH": python_path}
 
     def _value_from(self, pod: Any, source: Any) -> str:
         ns = pod.metadata.namespace
@@ -456,15 +540,18 @@ class ProcessNode:
             else:
                 statuses.append({**self._container_status(state, c.name, tree.proc), "image": images[c.name]})
         running = state.phase == "Running"
-        flag = "True" if running else "False"
+        ready = running and (state.ready or state.probe_port is None)
+        flag = "True" if ready else "False"
         stamp = now()
+        # Readiness moves when the probe's answer changes (lastTransitionTime with it).
+        ready_at = state.ready_at if state.probe_port is not None and running else stamp
         conditions = [
-            {"type": kind, "status": value, "lastTransitionTime": stamp}
-            for kind, value in (
-                ("PodScheduled", "True"),
-                ("Initialized", "False" if init_failed else "True"),
-                ("ContainersReady", flag),
-                ("Ready", flag),
+            {"type": kind, "status": value, "lastTransitionTime": at}
+            for kind, value, at in (
+                ("PodScheduled", "True", stamp),
+                ("Initialized", "False" if init_failed else "True", stamp),
+                ("ContainersReady", flag, ready_at),
+                ("Ready", flag, ready_at),
             )
         ]
         status: dict[str, Any] = {

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +76,30 @@ def test_a_scripts_own_init_leaves_the_default_group_unpinned() -> None:
         outputs.append(done.stdout.strip())
     assert outputs[0] == "None", "with the hooks nothing pins the group"
     assert outputs[1] != "None", "without them the import after init pins it (the bug the hook closes)"
+
+
+def test_torchrun_ends_without_finalizing_once_its_workers_failed(tmp_path: Path) -> None:
+    """Its error summary and exit code as before; no atexit hook (no interpreter finalization,
+    which took torchrun 10-11 s on loaded cores) runs after it."""
+    (tmp_path / "fail.py").write_text("import sys\nsys.exit(3)\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    # Loaded by every Python here before the hooks: an atexit hook that says it ran.
+    (site / "sitecustomize.py").write_text(
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('FINALIZED', file=sys.stderr))\n"
+        f"exec(open({str(SITE_DIR / 'sitecustomize.py')!r}).read())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    torchrun = [sys.executable, "-c", "import sys; from torch.distributed.run import main; sys.exit(main())"]
+    done = subprocess.run(
+        [*torchrun, "--nproc-per-node=1", str(tmp_path / "fail.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "ChildFailedError" in done.stderr and "exitcode  : 3" in done.stderr
+    assert done.stderr.count("FINALIZED") == 1, "the worker's interpreter finalizes; torchrun's does not"

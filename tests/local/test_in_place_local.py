@@ -1,0 +1,68 @@
+"""The in-place gang restart through `kubetrain run --local`: real torchrun agents, real gloo DDP."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from support.jobs import digits_job, write_job
+from support.local_runs import records, run_status, start_run, summary
+
+pytestmark = [pytest.mark.unit, pytest.mark.slow]
+
+# 3 epochs of 22 steps; checkpoints at 20, 22 (epoch end), 40, 44, ...; node 1's worker is
+# SIGKILLed after step 30, so the gang resumes from step 22.
+JOB = {"epochs": 3, "logEverySteps": 5}
+FAULT = "kill,rank=1,step=30"
+PIDS = re.compile(r"\[kubetrain\] attempt (\d+): node-0 pid (\d+), node-1 pid (\d+)")
+
+
+def final_model(run_dir: Path) -> dict[str, torch.Tensor]:
+    steps = sorted(run_dir.glob("checkpoints/step-*/meta.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+    state = torch.load(steps[-1].parent / "state.pt", weights_only=False)["state"]
+    model: dict[str, torch.Tensor] = state["model"]
+    return model
+
+
+def test_a_crashed_worker_restarts_the_gang_in_place_with_the_same_agents_and_weights(tmp_path: Path) -> None:
+    job = digits_job(**JOB)
+    job["spec"]["checkpoint"]["everySteps"] = 20
+    faulty = copy.deepcopy(job)
+    faulty["spec"]["env"] = [{"name": "KUBETRAIN_FAULT", "value": FAULT}]
+
+    reference = start_run(write_job(tmp_path, job), tmp_path / "reference")
+    out, _ = reference.communicate(timeout=300)
+    assert reference.returncode == 0, out[-4000:]
+
+    run_dir = tmp_path / "crashed"
+    proc = start_run(write_job(tmp_path, faulty, "faulty.yaml"), run_dir)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+
+    # The node processes (torchrun agents) are the same in both attempts: nothing was restarted but workers.
+    attempts = {int(m.group(1)): (m.group(2), m.group(3)) for m in PIDS.finditer(out)}
+    assert sorted(attempts) == [0, 1] and attempts[0] == attempts[1], out[-4000:]
+    assert "restarting the whole gang in place as attempt 1 (restart 1 of 3)" in out
+
+    status = run_status(run_dir)
+    (failure,) = status.failures or []
+    assert (status.restarts, failure.rank, failure.exit_code, failure.pod) == (1, 1, 137, "digits-cpu-node-1")
+    assert "worker rank 1" in failure.message
+    line = status.timeline
+    assert line is not None and (line.attempt, line.start) == (1, "InPlace")
+    assert line.failed_at is not None and line.first_step_at is not None and line.first_step_at > line.failed_at
+    assert line.pods_created_at is None, "no pod was created for the in-place attempt"
+    result = summary(run_dir)
+    assert (result["outcome"], result["restarts"], result["attempts"]) == ("Succeeded", 1, 2)
+
+    metrics = records(run_dir)
+    resumed = [r for r in metrics if r["event"] == "resume"]
+    assert [r["step"] for r in resumed] == [22] and resumed[0]["attempt"] == 1
+
+    expected, got = final_model(tmp_path / "reference"), final_model(run_dir)
+    assert expected.keys() == got.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, got[name]), f"{name} differs from the uninterrupted run"

@@ -1,0 +1,78 @@
+"""benchmarks/recovery.py: its smallest run on the real node writes the JSON the README rows come
+from, and its summary computes the issue's targets from the runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import nodepods
+from support.controlplane import Unavailable
+from support.realjobs import trainer_archive
+
+pytestmark = pytest.mark.bench
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import recovery  # noqa: E402
+
+
+def run(kind: str, mode: str, seconds: float, *, same: bool, timeline: float | None = 0.1) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "mode": mode,
+        "recovery_s": seconds,
+        "steps_lost": 7,
+        "same_pods": same,
+        "timeline_vs_measured_s": timeline,
+        "timeline_monotone": True,
+    }
+
+
+def test_the_summary_checks_the_targets() -> None:
+    runs = [
+        run("crash", "InPlace", 2.0, same=True),
+        run("crash", "InPlace", 3.0, same=True),
+        run("crash", "Recreate", 9.0, same=False),
+        run("crash", "Recreate", 11.0, same=False),
+        run("delete", "InPlace", 8.0, same=False, timeline=0.4),
+        run("crash", "TorchrunRestarts", 6.0, same=True, timeline=None),
+    ]
+    summary = recovery.summarize(runs)
+    crash = summary["table"]["crash"]
+    assert (crash["InPlace"]["recovery_s"], crash["Recreate"]["recovery_s"]) == (2.5, 10.0)
+    assert crash["in_place_over_recreate"] == 0.25 and crash["TorchrunRestarts"]["same_pods"]
+    assert all(summary["targets"].values()), summary["targets"]
+    slower = [run("crash", "InPlace", seconds, same=True) for seconds in (11.0, 12.0, 13.0)]
+    slow = recovery.summarize([*runs, *slower])  # median 11 s: over the 10 s target
+    assert not slow["targets"]["crash_in_place_at_most_10s"]
+    off = recovery.summarize([*runs, run("evict", "Recreate", 9.0, same=False, timeline=1.5)])
+    assert not off["targets"]["timeline_within_1s_of_measured"]
+
+
+def test_recovery_benchmark_runs_on_the_real_node(tmp_path: Path) -> None:
+    nodepods.node_or_skip()
+    try:
+        trainer_archive()
+    except Unavailable as missing:
+        pytest.skip(str(missing))
+    output = tmp_path / "recovery.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "recovery.py"), "--repeats", "1", "--kinds", "crash"]
+    done = subprocess.run(
+        [*command, "--modes", "InPlace,Recreate", "--output", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    result = json.loads(output.read_text())
+    crash = result["table"]["crash"]
+    assert crash["InPlace"]["same_pods"] and not crash["Recreate"]["same_pods"]
+    assert crash["InPlace"]["recovery_s"] > 0 and crash["in_place_over_recreate"] > 0
+    assert set(result["targets"]) >= {"crash_in_place_over_recreate_at_most_1/3", "timeline_monotone"}
+    assert {r["restarts"] for r in result["runs"]} == {1}

@@ -1,0 +1,188 @@
+"""TrainingJobs of the trainer image on the real node (support/node.py), with the operator of this
+tree on the host: what the real-node in-place tests (tests/node/test_in_place_node.py) and
+benchmarks/recovery.py share.
+
+    with real_jobs(tmp_path, "ns") as jobs:
+        volume = jobs.create("j", fault="kill,rank=1,step=30")
+        jobs.wait("j", lambda job: ..., "what")
+        records(volume)                     # rank 0's metrics records, from the checkpoint volume
+
+The trainer image is the one built from the current sources (tests/cluster/build-images.sh),
+or the archive KUBETRAIN_TRAINER_ARCHIVE names; KUBETRAIN_TRAINER_OVERLAY=1 runs this tree's
+kubetrain package over the image's (a read-only hostPath first on PYTHONPATH): for trying a
+branch's trainer on an image built from other sources. Neither is for a verdict on a release.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kubetrain.api.records import records_in
+from support import controlplane, images
+from support import node as real
+from support.operator_process import OperatorProcess
+from support.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+ARCHIVE_ENV = "KUBETRAIN_TRAINER_ARCHIVE"
+OVERLAY_ENV = "KUBETRAIN_TRAINER_OVERLAY"
+OVERLAY_PATH = "/opt/kubetrain-overlay"
+
+
+def trainer_archive() -> Path:
+    given = os.environ.get(ARCHIVE_ENV)
+    return Path(given) if given else images.archives(images.TRAINER_REF)[images.TRAINER_REF]
+
+
+def overlay_tree(into: Path) -> Path:
+    """A snapshot of this tree's kubetrain package (its editable install's links resolved),
+    readable by the pods' non-root user."""
+    import kubetrain
+
+    shutil.copytree(Path(kubetrain.__path__[0]), into / "kubetrain", ignore=shutil.ignore_patterns("__pycache__"))
+    for path in [into, *into.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    into.parent.chmod(0o755)
+    return into
+
+
+def job_manifest(
+    name: str,
+    namespace: str,
+    *,
+    fault: str | None = None,
+    strategy: str = "InPlace",
+    overlay: Path | None = None,
+    training: dict[str, Any] | None = None,
+    run_policy: dict[str, Any] | None = None,
+    command: list[str] | None = None,
+    checkpoint_steps: int = 20,
+) -> dict[str, Any]:
+    """A 2-node digits job of the trainer image, its checkpoints on the PVC `name`."""
+    env = [{"name": "KUBETRAIN_FAULT", "value": fault}] if fault else []
+    spec: dict[str, Any] = {
+        "nodes": 2,
+        "gpusPerNode": 0,
+        "image": images.TRAINER_REF,
+        "imagePullPolicy": "Never",
+        "env": env,
+        "training": {"dataset": "digits", "epochs": 3, "batchSize": 32, "logEverySteps": 5, **(training or {})},
+        "checkpoint": {
+            "dir": "/checkpoints",
+            "everySteps": checkpoint_steps,
+            "keep": 2,
+            "volume": {"persistentVolumeClaim": {"claimName": name}},
+        },
+        "runPolicy": {"maxRestarts": 3, "restartStrategy": strategy, **(run_policy or {})},
+    }
+    if command is not None:
+        spec["command"] = command
+    if overlay is not None:
+        env.append({"name": "PYTHONPATH", "value": OVERLAY_PATH})
+        mount = {"name": "overlay", "mountPath": OVERLAY_PATH, "readOnly": True}
+        spec["template"] = {
+            "spec": {
+                "containers": [{"name": "trainer", "volumeMounts": [mount]}],
+                "volumes": [{"name": "overlay", "hostPath": {"path": str(overlay), "type": "Directory"}}],
+            }
+        }
+    return {
+        "apiVersion": "kubetrain.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def pvc(name: str, namespace: str) -> dict[str, Any]:
+    """A claim bound to the real node's hostPath PersistentVolume of the same name."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "volumeName": name,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+
+
+def records(volume: Path) -> list[dict[str, Any]]:
+    """Rank 0's metrics records, from the checkpoint volume's metrics.jsonl."""
+    metrics = volume / "metrics.jsonl"
+    return records_in(metrics.read_text()) if metrics.exists() else []
+
+
+@dataclass
+class RealJobs:
+    node: Any  # support.node.RealNode
+    namespace: str
+    overlay: Path | None
+    operator: OperatorProcess
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done: subprocess.CompletedProcess[str] = self.node.cp.kubectl(*args, input=input, check=check, timeout=60)
+        return done
+
+    def apply(self, *objects: dict[str, Any]) -> None:
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
+
+    def create(self, name: str, **options: Any) -> Path:
+        """The job `name` (job_manifest's options) and its checkpoint volume: the volume's directory."""
+        volume: Path = self.node.hostpath_volume(name)
+        self.apply(pvc(name, self.namespace), job_manifest(name, self.namespace, overlay=self.overlay, **options))
+        return volume
+
+    def job(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(self.kubectl("get", "tj", name, "-n", self.namespace, "-o", "json").stdout)
+        return found
+
+    def wait(self, name: str, predicate: Callable[[dict[str, Any]], Any], what: str, timeout: float = 600) -> Any:
+        return wait_for(lambda: predicate(self.job(name)), timeout, f"{name}: {what}", interval=0.2)
+
+    def pods(self, name: str) -> dict[str, str]:
+        """Pod name -> uid of the job's pods that are not being deleted."""
+        out = self.kubectl("get", "pods", "-n", self.namespace, "-l", f"kubetrain.dev/job-name={name}", "-o", "json")
+        return {
+            p["metadata"]["name"]: p["metadata"]["uid"]
+            for p in json.loads(out.stdout)["items"]
+            if not p["metadata"].get("deletionTimestamp")
+        }
+
+    def delete(self, name: str) -> None:
+        self.kubectl("delete", "tj", name, "-n", self.namespace, "--wait=false", check=False)
+        self.kubectl("delete", "pvc", name, "-n", self.namespace, "--wait=false", check=False)
+        wait_for(lambda: not self.pods(name), 120, f"{name}: its pods gone")
+
+
+@contextlib.contextmanager
+def real_jobs(workdir: Path, namespace: str, *, overlay: bool | None = None) -> Iterator[RealJobs]:
+    """The real node with the trainer image, kubetrain's CRD, `namespace`, and the operator of
+    this tree on the host (its log in `workdir`). `overlay` None: KUBETRAIN_TRAINER_OVERLAY says."""
+    archive = trainer_archive()
+    if overlay is None:
+        overlay = os.environ.get(OVERLAY_ENV) == "1"
+    with real.running_node() as node:
+        tree = overlay_tree(workdir / "overlay") if overlay else None
+        node.load_images([archive])
+        controlplane.install_crds(node.cp, ROOT / "crds")
+        node.cp.kubectl("create", "namespace", namespace)
+        sa = ("get", "sa", "default", "-n", namespace)
+        wait_for(lambda: node.cp.kubectl(*sa, check=False).returncode == 0, 30, "the default ServiceAccount")
+        operator = OperatorProcess(Path(node.cp.kubeconfig), workdir / "operator.log", namespaces=namespace).start()
+        try:
+            yield RealJobs(node, namespace, tree, operator)
+        finally:
+            operator.stop()

@@ -1,0 +1,271 @@
+"""The in-place restart's pieces inside torchrun's agent, without torchrun: the warm fork start,
+the readiness port, the attempt file, and the one report of a gang's first failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubetrain.trainer import agent, warmstart
+from kubetrain.trainer.agent import InPlace, Readiness, error_text, read_attempt
+
+pytestmark = pytest.mark.unit
+PY = sys.executable
+
+
+@pytest.mark.parametrize(
+    ("args", "parsed"),
+    [
+        ([PY, "-u", "-m", "kubetrain.trainer", "train"], ("module", "kubetrain.trainer", ["train"])),
+        ([PY, "train.py", "--lr", "1"], ("script", "train.py", ["--lr", "1"])),
+        ([PY, "-u", "-c", "print(1)"], None),  # not a script or a module: started the usual way
+        (["/usr/bin/numactl", "--cpunodebind=0", PY, "x.py"], None),
+        (["./train.sh"], None),
+    ],
+)
+def test_which_command_lines_start_warm(args: list[str], parsed: tuple[str, str, list[str]] | None) -> None:
+    assert warmstart.command(args) == parsed
+
+
+def test_a_forked_worker_runs_its_script_with_its_own_env_argv_and_exit_code(tmp_path: Path) -> None:
+    out = tmp_path / "seen.json"
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import json, os, signal, sys
+            json.dump({{"argv": sys.argv, "env": os.environ.get("WORKER"), "path0": sys.path[0],
+                        "pgid": os.getpgid(0) == os.getpid(),
+                        "sigterm": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}}, open({str(out)!r}, "w"))
+            sys.exit(3)
+            """
+        )
+    )
+    # As torchrun's agent does: a handler of its own, which the worker must not inherit.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        forked = warmstart.fork([PY, "-u", str(script), "--lr", "1"], {"WORKER": "yes", "PATH": os.environ["PATH"]})
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert forked is not None
+    assert forked.wait(60) == 3 and forked.poll() == 3
+    seen = json.loads(out.read_text())
+    assert seen["argv"] == [str(script), "--lr", "1"] and seen["env"] == "yes"
+    assert seen["path0"] == str(tmp_path), "sys.path[0] is the script's directory, as for `python script.py`"
+    assert seen["pgid"] and seen["sigterm"], "a session of its own, the agent's signal handlers gone"
+
+
+def test_a_forked_worker_closes_the_agents_sockets(tmp_path: Path) -> None:
+    """A worker holding the readiness listener would keep the pod Ready while its agent waits."""
+    ready = Readiness(_free_port())
+    ready.open()
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\ntime.sleep(30)\n")
+    forked = warmstart.fork([PY, str(script)], dict(os.environ))
+    assert forked is not None
+    try:
+        time.sleep(0.5)
+        ready.close()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", ready.port or 0), timeout=1).close()
+    finally:
+        forked.kill()
+        forked.wait(10)
+
+
+def test_readiness_accepts_while_open_and_refuses_once_closed() -> None:
+    ready = Readiness(_free_port())
+    ready.open()
+    for _ in range(3):
+        socket.create_connection(("127.0.0.1", ready.port or 0), timeout=1).close()
+        ready.serve()
+    ready.close()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", ready.port or 0), timeout=1).close()
+    Readiness(None).open()  # no port (kubetrain run --local): nothing listens
+
+
+def test_the_attempt_file(tmp_path: Path) -> None:
+    path = tmp_path / "attempt"
+    assert read_attempt(str(path)) is None
+    path.write_text("3\n")
+    assert read_attempt(str(path)) == 3
+    path.write_text("")  # the kubelet swaps the file atomically, but never trust a read
+    assert read_attempt(str(path)) is None
+
+
+@pytest.mark.parametrize(
+    ("message", "text"),
+    [
+        ("Signal 9 (SIGKILL) received by PID 7", "Signal 9 (SIGKILL) received by PID 7"),
+        ("To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html", ""),
+        (
+            {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": "Traceback ...\nRuntimeError: boom\n"}},
+            "RuntimeError: boom\nTraceback ...\nRuntimeError: boom",
+        ),
+        ({"message": "ValueError: x"}, "ValueError: x"),
+    ],
+)
+def test_a_failure_message_as_torch_holds_it(message: Any, text: str) -> None:
+    assert error_text(message) == text
+
+
+class Store:
+    """The parts of a c10d store the agent uses, in memory."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.data[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+    def add(self, key: str, amount: int) -> int:
+        value = int(self.data.get(key, b"0")) + amount
+        self.data[key] = str(value).encode()
+        return value
+
+    def check(self, keys: list[str]) -> bool:
+        return all(key in self.data for key in keys)
+
+
+class Group:
+    def __init__(self, store: Store, rank: int, world: int) -> None:
+        self.store, self.group_rank, self.group_world_size = store, rank, world
+
+
+class Failure:
+    def __init__(self, local_rank: int, exitcode: int, timestamp: float, message: Any = "") -> None:
+        self.local_rank, self.pid, self.exitcode, self.timestamp, self.message = (
+            local_rank,
+            100,
+            exitcode,
+            timestamp,
+            message,
+        )
+
+
+class Result:
+    def __init__(self, failures: dict[int, Failure]) -> None:
+        self.failures = failures
+
+
+def test_every_agent_reports_the_gangs_first_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node 1's worker was killed; node 0's failed a moment later (its peer was gone); node 2 was
+    stopped by the store's flag. Each agent's report names node 1, the earliest."""
+    monkeypatch.setenv("KUBETRAIN_ATTEMPT_FILE", str(tmp_path / "attempt"))
+    (tmp_path / "attempt").write_text("0")
+    store = Store()
+    agents = [InPlace() for _ in range(3)]
+    assert not agents[2]._peer_failed(store)
+    agents[1]._register(Group(store, 1, 3), Result({1: Failure(0, -9, time.time())}))
+    assert agents[2]._peer_failed(store), "the flag stops the healthy agents"
+    agents[0]._register(Group(store, 0, 3), Result({0: Failure(0, 1, time.time(), {"message": "RuntimeError: gone"})}))
+    agents[2]._register(Group(store, 2, 3), None)
+    reports = [a._consolidate(Group(store, rank, 3)) for rank, a in enumerate(agents)]
+    assert all(report == reports[0] for report in reports)
+    first = reports[0]
+    assert first is not None and (first["node"], first["rank"], first["exit_code"], first["reason"]) == (
+        1,
+        1,
+        137,
+        "Error",
+    )
+    assert first["message"].startswith("worker rank 1 (local rank 0, pid 100) exited with code 137")
+
+
+def test_a_report_does_not_wait_for_an_agent_that_never_registers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBETRAIN_ATTEMPT_FILE", str(tmp_path / "attempt"))
+    monkeypatch.setattr(agent, "CONSOLIDATE_S", 0.2)
+    store = Store()
+    one = InPlace()
+    one._register(Group(store, 0, 2), Result({0: Failure(0, 2, time.time())}))
+    started = time.monotonic()
+    report = one._consolidate(Group(store, 0, 2))
+    assert report is not None and report["exit_code"] == 2 and time.monotonic() - started < 2
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_a_node_waits_for_node0_at_a_fixed_interval_before_torch_connects() -> None:
+    """torchrun's static rendezvous, patched: node 1 polls node 0's address every 0.1 s and only
+    then lets torch's store client connect (which backs off with growing gaps on its own)."""
+    import datetime
+    import threading
+    import types
+
+    port = _free_port()
+    calls: list[float] = []
+
+    class StaticTCPRendezvous:
+        def __init__(self, rank: int) -> None:
+            self.rank, self.master_addr, self.master_port = rank, "127.0.0.1", port
+            self.timeout = datetime.timedelta(seconds=10)
+            self._store = None
+
+        def next_rendezvous(self) -> str:
+            calls.append(time.monotonic())
+            return "original"
+
+    module = types.ModuleType("static_tcp_rendezvous")
+    module.StaticTCPRendezvous = StaticTCPRendezvous  # type: ignore[attr-defined]
+    agent.patch_static_rendezvous(module)
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    up: list[float] = []
+
+    def node0_comes_up() -> None:
+        time.sleep(0.6)
+        up.append(time.monotonic())  # before it listens: no connect can succeed earlier
+        listener.bind(("127.0.0.1", port))
+        listener.listen(8)
+
+    threading.Thread(target=node0_comes_up, daemon=True).start()
+    try:
+        assert StaticTCPRendezvous(1).next_rendezvous() == "original"
+        assert calls[0] >= up[0], "torch's connect waited for node 0"
+        # One poll interval (0.1 s) after node 0 listened, and some slack for a loaded machine.
+        assert calls[0] - up[0] < 0.1 + 0.5
+        node0 = StaticTCPRendezvous(0)
+        assert node0.next_rendezvous() == "original" and calls[1] - calls[0] < 0.5, "node 0 hosts: no wait"
+    finally:
+        listener.close()
+
+
+def test_a_stop_signal_in_a_store_call_stops_the_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun turns SIGTERM into an exception raised wherever its agent is. One swallowed as a
+    store error kept a pod's agent holding until its 120 s grace ran out (seen on the real node
+    when a deleted pod's peer was deleted while its agent reported the gang's failure)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    class Stopping(Store):
+        def add(self, key: str, amount: int) -> int:
+            raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+
+    monkeypatch.setenv("KUBETRAIN_ATTEMPT_FILE", str(tmp_path / "attempt"))
+    one = InPlace()
+    with pytest.raises(SignalException):
+        one._peer_failed(Stopping())
+    with pytest.raises(SignalException):
+        one._register(Group(Stopping(), 0, 2), Result({0: Failure(0, 1, time.time())}))
+    with pytest.raises(SignalException):
+        one._consolidate(Group(Stopping(), 0, 2))

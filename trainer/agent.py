@@ -1,0 +1,353 @@
+"""The in-place gang restart, inside torchrun's elastic agent (each node's long-lived process).
+
+With runPolicy.restartStrategy InPlace the operator renders KUBETRAIN_ATTEMPT_FILE (the pod's
+attempt label, projected by the downward API) and KUBETRAIN_AGENT_PORT (the port of the pod's
+readiness probe); `kubetrain run --local` gives each node process the same. Loaded by
+kubetrain.trainer.torchrun_hooks when torch's agent is imported, this makes the agent:
+
+1. start its workers as the attempt the file names: torchrun's restart count is that attempt, so
+   every node's workers key the rendezvous store alike, and each worker is a fork of the warm
+   agent (trainer/warmstart.py); then listen on the agent port (the pod turns Ready) and print a
+   `launch` record;
+2. when one of its workers fails, or another node's agent reports a failure of the same attempt
+   in the rendezvous store torchrun's agents already share (checked every monitor interval):
+   stop its workers and stop listening (NotReady), register what it saw in the store, and once
+   every agent registered (or CONSOLIDATE_S passed) print a `failure` record naming the gang's
+   first failure (earliest, then the lowest node): its node, process rank, exit code, reason
+   (OOMKilled when the pod's cgroup counted an OOM kill meanwhile) and message;
+3. hold until the file names a later attempt: the operator's decision (operator/status.py
+   `decide`: counted, judged by the failure policy), applied by relabelling the living pods;
+   then start the workers as that attempt. The file moving on while the workers run (the
+   operator restarting a stalled gang) stops them and starts the new attempt the same way.
+
+Where the decision is not an in-place restart (a FailJob rule, no restarts left, a pod lost)
+the pods are deleted and the agent ends with them. The agents never restart on their own.
+Like torchrun_hooks this uses torch's private agent names; a torch without them gets a warning
+and torchrun's own behaviour (the gang is then recreated on a failure).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from kubetrain.api.contract import AGENT_PORT_ENV, ATTEMPT_ENV, ATTEMPT_FILE_ENV
+from kubetrain.trainer import reach, warmstart
+
+log = logging.getLogger("kubetrain.agent")
+
+POLL_S = 0.05  # how often a holding agent reads the attempt file
+CONSOLIDATE_S = 2.0  # how long a stopped agent waits for the others to register before it reports
+STORE_PREFIX = "kubetrain/gang"
+MESSAGE_BYTES = 2048
+STOP_TIMEOUT_S = 10  # for a killed worker to be reaped (one in uninterruptible sleep may never be)
+SIGNAL_EXIT_BASE = 128  # a worker killed by signal N reports 128+N, as container runtimes do
+OOM_EVENTS = (Path("/sys/fs/cgroup/memory.events"), Path("/sys/fs/cgroup/memory/memory.oom_control"))
+# What a store call raises when its host is gone or a value is bad. Never a broader class: torchrun
+# turns SIGTERM into an Exception (SignalException) raised wherever the agent is, and one caught
+# here would leave the pod's agent running until its grace period ran out.
+STORE_ERRORS = (RuntimeError, OSError, ValueError)
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(ATTEMPT_FILE_ENV))
+
+
+def read_attempt(path: str) -> int | None:
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def oom_kills() -> int:
+    """The OOM kills counted in this process's memory cgroup (cgroup v2 or v1), 0 if unreadable."""
+    for path in OOM_EVENTS:
+        with contextlib.suppress(OSError, ValueError):
+            for line in path.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    return 0
+
+
+class Readiness:
+    """The agent port: listening while the workers of the current attempt run (the pod's
+    readiness probe connects to it). Connections are accepted and closed in the monitor loop."""
+
+    def __init__(self, port: int | None) -> None:
+        self.port = port
+        self.sock: socket.socket | None = None
+
+    def open(self) -> None:
+        if self.port is None or self.sock is not None:
+            return
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", self.port))
+            sock.listen(64)
+        except OSError as error:
+            sock.close()
+            log.warning("the agent port %d cannot be opened (%s): the pod will not turn Ready", self.port, error)
+            return
+        sock.setblocking(False)
+        self.sock = sock
+
+    def serve(self) -> None:
+        while self.sock is not None:
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, OSError):
+                return
+            conn.close()
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+def stop(agent: Any, group: Any) -> None:
+    """Kill the workers at once: the gang is broken (its state is the last checkpoint), and a
+    worker asked politely may wait out a collective with a peer that is gone."""
+    try:
+        agent._shutdown(signal.SIGKILL, STOP_TIMEOUT_S)
+    except TypeError:  # another torch's signature
+        agent._stop_workers(group)
+
+
+def error_text(message: Any) -> str:
+    """A worker failure's message as torch's ProcessFailure holds it: its text, or the error file's
+    {"message": ..., "extraInfo": {"py_callstack": ...}} (then the traceback's end comes first)."""
+    if isinstance(message, dict):
+        text = str(message.get("message", ""))
+        extra = message.get("extraInfo")
+        stack = str(extra.get("py_callstack", "")) if isinstance(extra, dict) else ""
+        return f"{text}\n{stack.strip()}" if stack.strip() else text
+    text = str(message)
+    return "" if text.startswith("To enable traceback") else text  # torch's text when there is no error file
+
+
+def emit(event: str, **fields: Any) -> None:
+    """One record on the agent's stdout (the pod's log), as the trainer prints its records."""
+    record = {"event": event, "time": time.time(), **fields}
+    sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+class InPlace:
+    """One agent's side of the protocol (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.path = os.environ[ATTEMPT_FILE_ENV]
+        port = os.environ.get(AGENT_PORT_ENV, "")
+        self.readiness = Readiness(int(port) if port.isdigit() else None)
+        found = read_attempt(self.path)
+        self.attempt = found if found is not None else int(os.environ.get(ATTEMPT_ENV, "0") or 0)
+        self.preloaded = False
+        self.oom_kills = 0
+
+    # --- starting the workers -------------------------------------------------------------
+
+    def before_start(self, agent: Any, group: Any) -> None:
+        # torchrun's restart count becomes the attempt: the same on every node of the gang.
+        agent._remaining_restarts = group.spec.max_restarts - self.attempt
+        os.environ[ATTEMPT_ENV] = str(self.attempt)
+        if not self.preloaded:
+            self.preloaded = True
+            took = warmstart.preload([group.spec.entrypoint, *map(str, group.spec.args)])
+            log.info("workers' modules preloaded into the agent in %.2f s", took)
+        self.oom_kills = oom_kills()
+
+    def after_start(self, group: Any) -> None:
+        self.readiness.open()
+        emit("launch", attempt=self.attempt, node=group.group_rank, workers=len(group.workers))
+
+    # --- the monitor loop ----------------------------------------------------------------
+
+    def monitor(self, agent: Any, group: Any, result: Any, states: Any) -> Any:
+        """torchrun's verdict on its workers (`result`), or HEALTHY after an in-place restart."""
+        self.readiness.serve()
+        if result.state == states.SUCCEEDED:
+            return result
+        newer = read_attempt(self.path)
+        if newer is not None and newer > self.attempt:
+            log.warning("attempt %d ordered while attempt %d runs: restarting the workers", newer, self.attempt)
+            self.readiness.close()
+            stop(agent, group)
+            return self._start(agent, group, newer, result)
+        own = result.state in (states.FAILED, states.UNHEALTHY)
+        if not own and not self._peer_failed(group.store):
+            return result
+        self.readiness.close()
+        stop(agent, group)
+        self._register(group, result if own else None)
+        failure = self._consolidate(group)
+        if failure is not None:
+            emit("failure", attempt=self.attempt, reported_by=group.group_rank, **failure)
+        return self._start(agent, group, self._hold(), result)
+
+    def _start(self, agent: Any, group: Any, attempt: int, result: Any) -> Any:
+        self.attempt = attempt
+        agent._initialize_workers(group)  # the static rendezvous again, then our before/after hooks
+        return type(result)(state=group.state)
+
+    def _key(self, *parts: object) -> str:
+        return "/".join([STORE_PREFIX, str(self.attempt), *map(str, parts)])
+
+    def _peer_failed(self, store: Any) -> bool:
+        try:
+            return int(store.add(self._key("failed"), 0)) > 0
+        except STORE_ERRORS:  # the store's host (node 0's agent) gone: its pod is failing anyway
+            return False
+
+    def _register(self, group: Any, result: Any) -> None:
+        entry: dict[str, Any] = {"node": group.group_rank, "time": time.time(), "failed": result is not None}
+        if result is not None and result.failures:
+            rank, failure = min(result.failures.items(), key=lambda item: item[1].timestamp)
+            code = failure.exitcode if failure.exitcode >= 0 else SIGNAL_EXIT_BASE - failure.exitcode
+            oom = failure.exitcode < 0 and oom_kills() > self.oom_kills
+            detail = f"worker rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) exited with code {code}"
+            message = error_text(failure.message)
+            entry.update(
+                rank=rank,
+                exit_code=code,
+                reason="OOMKilled" if oom else "Error",
+                message=(f"{detail}: {message}" if message else detail)[-MESSAGE_BYTES:],
+            )
+        store = group.store
+        try:
+            store.set(self._key("node", group.group_rank), json.dumps(entry))
+            if result is not None:
+                store.add(self._key("failed"), 1)
+            store.add(self._key("registered"), 1)
+        except STORE_ERRORS as error:
+            log.warning("could not register the failure in the rendezvous store: %s", error)
+
+    def _consolidate(self, group: Any) -> dict[str, Any] | None:
+        """The gang's first failure once every agent registered (or CONSOLIDATE_S passed)."""
+        store, world = group.store, group.group_world_size
+        deadline = time.monotonic() + CONSOLIDATE_S
+        entries: list[dict[str, Any]] = []
+        try:
+            while int(store.add(self._key("registered"), 0)) < world and time.monotonic() < deadline:
+                time.sleep(0.02)
+            for node in range(world):
+                key = self._key("node", node)
+                if store.check([key]):
+                    entries.append(json.loads(store.get(key)))
+        except STORE_ERRORS as error:
+            log.warning("could not read the other agents' reports: %s", error)
+        failed = [e for e in entries if e.get("failed") and "exit_code" in e]
+        if not failed:
+            return None
+        first = min(failed, key=lambda e: (e["time"], e["node"]))
+        return {key: first[key] for key in ("time", "node", "rank", "exit_code", "reason", "message")}
+
+    def _hold(self) -> int:
+        log.warning("attempt %d of the gang stopped; waiting for %s to name the next", self.attempt, ATTEMPT_FILE_ENV)
+        while True:
+            attempt = read_attempt(self.path)
+            if attempt is not None and attempt > self.attempt:
+                return attempt
+            time.sleep(POLL_S)
+
+
+# --- installing it into torch's agent ----------------------------------------------------
+
+_STATE: dict[int, InPlace] = {}
+
+
+def _state(agent: Any) -> InPlace:
+    state = _STATE.get(id(agent))
+    if state is None:
+        state = _STATE[id(agent)] = InPlace()
+    return state
+
+
+def patch_agent(module: ModuleType) -> None:
+    """torch.distributed.elastic.agent.server.local_elastic_agent loaded: wrap the worker start
+    and the monitor of LocalElasticAgent."""
+    agent_class = getattr(module, "LocalElasticAgent", None)
+    start: Callable[..., Any] | None = getattr(agent_class, "_start_workers", None)
+    monitor: Callable[..., Any] | None = getattr(agent_class, "_monitor_workers", None)
+    states = getattr(module, "WorkerState", None)
+    if agent_class is None or start is None or monitor is None or states is None:
+        log.warning("this torch's elastic agent differs: a failure recreates the gang, not restarting it in place")
+        return
+
+    try:
+        from torch.distributed.elastic.multiprocessing.api import SignalException as stopped
+    except ImportError:
+        stopped = KeyboardInterrupt  # type: ignore[assignment,misc]  # a torch without it: nothing to spare
+
+    def _start_workers(self: Any, worker_group: Any) -> Any:
+        state = _state(self)
+        state.before_start(self, worker_group)
+        started = start(self, worker_group)
+        state.after_start(worker_group)
+        return started
+
+    def _monitor_workers(self: Any, worker_group: Any) -> Any:
+        result = monitor(self, worker_group)
+        try:
+            return _state(self).monitor(self, worker_group, result, states)
+        except stopped:  # the pod is being stopped: torchrun's own handling
+            raise
+        except Exception:  # a bug here: torchrun's own behaviour (a failure then recreates the gang)
+            log.exception("the in-place restart failed; the gang will be recreated")
+            return result
+
+    agent_class._start_workers = _start_workers
+    agent_class._monitor_workers = _monitor_workers
+
+
+def patch_handler(module: ModuleType) -> None:
+    """torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler loaded:
+    start Python workers as forks of the agent (trainer/warmstart.py)."""
+    handler_class = getattr(module, "SubprocessHandler", None)
+    popen: Callable[..., Any] | None = getattr(handler_class, "_popen", None)
+    if handler_class is None or popen is None:
+        log.warning("this torch starts its workers differently: they start cold")
+        return
+
+    def _popen(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
+        if getattr(self, "_stdout", None) is None and getattr(self, "_stderr", None) is None:
+            forked = warmstart.fork(args, env)
+            if forked is not None:
+                return forked
+        return popen(self, args, env)
+
+    handler_class._popen = _popen
+
+
+def patch_static_rendezvous(module: ModuleType) -> None:
+    """torch.distributed.elastic.rendezvous.static_tcp_rendezvous loaded: before a node other than
+    0 connects to node 0's store, wait for node 0's name and port at a short fixed interval
+    (trainer/reach.py); torch's own client retries a missing name with growing gaps."""
+    rendezvous_class = getattr(module, "StaticTCPRendezvous", None)
+    original: Callable[..., Any] | None = getattr(rendezvous_class, "next_rendezvous", None)
+    if rendezvous_class is None or original is None:
+        return
+
+    def next_rendezvous(self: Any) -> Any:
+        if getattr(self, "_store", None) is None and getattr(self, "rank", 0) != 0:
+            timeout = getattr(self, "timeout", None)
+            seconds = timeout.total_seconds() if timeout is not None else 900.0
+            with contextlib.suppress(reach.Unreachable):  # torch's own error says it better
+                reach.wait_for(self.master_addr, int(self.master_port), seconds)
+        return original(self)
+
+    rendezvous_class.next_rendezvous = next_rendezvous
