@@ -50,8 +50,18 @@ def parse_record(line: str) -> dict[str, Any] | None:
     return None
 
 
+# Records the torchrun agents print (trainer/agent.py): kubetrain's own plumbing, on node 0's
+# output beside rank 0's, not the job's metrics.
+AGENT_EVENTS = ("launch", "failure")
+
+
 def records_in(text: str) -> list[dict[str, Any]]:
     return [record for line in text.splitlines() if (record := parse_record(line)) is not None]
+
+
+def metrics_in(text: str) -> list[dict[str, Any]]:
+    """The job's own metrics records in `text`: every record but the agents'."""
+    return [record for record in records_in(text) if record["event"] not in AGENT_EVENTS]
 
 
 def _number(value: Any) -> float | None:

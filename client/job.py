@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal, overload
 
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
-from kubetrain.api.records import records_in
+from kubetrain.api.records import metrics_in
 from kubetrain.cli.logs import LogsError, LogSource, attempt_logs, run_logs
 from kubetrain.client.backend import Backend
 from kubetrain.client.errors import JobFailed, LogsUnavailable, WaitTimeout
@@ -183,7 +183,7 @@ class Job:
             raise LogsUnavailable(str(error)) from None
         if 0 not in read.logs:
             raise LogsUnavailable("; ".join(read.problems) or f"trainingjob {self.name}: node 0 has no log yet")
-        return records_in(read.logs[0])
+        return metrics_in(read.logs[0])
 
     def delete(self) -> None:
         """Delete the job: its pods stop and go (locally: its processes, then its run directory)."""

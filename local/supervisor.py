@@ -39,7 +39,7 @@ from typing import IO, Any, Protocol
 
 from kubetrain.api.contract import free_port, stacks_after_seconds
 from kubetrain.api.models import TrainingJobStatus
-from kubetrain.api.records import GangFailure, fold, fold_timeline, gang_failure, parse_record
+from kubetrain.api.records import AGENT_EVENTS, GangFailure, fold, fold_timeline, gang_failure, parse_record
 from kubetrain.local.plan import ATTEMPTS_SUBDIR, LocalPlan, NodeProcess, attempt_log
 from kubetrain.local.processes import ProcessTree, note_groups, stop, subreaper
 from kubetrain.local.result import RunResult
@@ -63,8 +63,6 @@ ATTEMPT_BANNER = "=== kubetrain: attempt "
 MESSAGE_LINES = 80
 MESSAGE_BYTES = 2048
 STATUS_FILE = "status.json"
-# Records of the node processes' torchrun agents (trainer/agent.py), on every node's output.
-AGENT_EVENTS = ("launch", "failure")
 SIGNAL_EXIT_BASE = 128
 
 

@@ -123,6 +123,28 @@ async def archive_logs(
     return done
 
 
+async def archive_in_place(
+    kube: Kube, job: TrainingJob, namespace: str, uid: str, pods: Sequence[str], attempt: int
+) -> None:
+    """An in-place restart moved `pods` (names) on from `attempt`: keep each one's log tail, read
+    now, as that attempt's. Its workers have exited and its agent reported the failure; at most
+    the next attempt's first lines follow them. A log that cannot be read is only logged: the
+    pod keeps it, and its tail is archived again when the pod goes."""
+    budget = archive.node_budget(job.spec.nodes)
+    ranks = {naming.pod_name(job.name, rank): rank for rank in range(job.spec.nodes)}
+
+    async def tail(name: str) -> str | None:
+        try:
+            return await kube.read_log(namespace, name, archive.tail_lines(budget))
+        except ApiError as error:
+            log.warning("%s/%s: the log of %s for attempt %d: %s", namespace, job.name, name, attempt, error)
+            return None
+
+    texts = await asyncio.gather(*(tail(name) for name in pods))
+    read = {ranks[name]: text for name, text in zip(pods, texts, strict=True) if text is not None and name in ranks}
+    await _keep(kube, job, namespace, uid, attempt, read, {})
+
+
 async def _keep(
     kube: Kube,
     job: TrainingJob,

@@ -472,9 +472,14 @@ class Controller:
             return None
         grace = decision.delete_grace_seconds
         await asyncio.gather(*(self._delete(state, namespace, pod, uid, grace) for pod, uid in decision.delete_pods))
-        await asyncio.gather(
-            *(self._move(state, namespace, pod, uid, decision) for pod, uid in decision.restart_in_place)
-        )
+        moves = decision.restart_in_place
+        moved = await asyncio.gather(*(self._move(state, namespace, pod, uid, decision) for pod, uid in moves))
+        if any(moved):
+            # The pods stay, and so do their logs; what the attempt that ended wrote is archived
+            # as a deleted pod's would be, so `kubetrain logs --attempt N` reads it either way.
+            ended = [pod for (pod, _), done in zip(moves, moved, strict=True) if done]
+            job_uid = body["metadata"]["uid"]
+            await archive_io.archive_in_place(self.kube, job, namespace, job_uid, ended, previous.attempt)
         created, refused = await self._create(key, state, job, decision, flavors)
         now = datetime.now(UTC).replace(microsecond=0)
         status, events = refusal.settle(previous, decision, committed, refused, created, now)
@@ -518,13 +523,16 @@ class Controller:
         body["metadata"]["resourceVersion"] = written["metadata"]["resourceVersion"]
         return True
 
-    async def _move(self, state: JobState, namespace: str, pod: str, uid: str, decision: Decision) -> None:
-        """An in-place restart: relabel the pod to the decided attempt (after the status recorded it)."""
+    async def _move(self, state: JobState, namespace: str, pod: str, uid: str, decision: Decision) -> bool:
+        """An in-place restart: relabel the pod to the decided attempt (after the status recorded
+        it). Whether this call moved it."""
         attempt = decision.status.attempt
         if state.expectations.moved.get(uid) == attempt:
-            return
+            return False
         if await self.kube.move_pod(namespace, pod, uid, attempt):
             state.expectations.moved[uid] = attempt
+            return True
+        return False
 
     async def _delete(self, state: JobState, namespace: str, pod: str, uid: str, grace: int | None) -> None:
         if uid in state.expectations.deletions:

@@ -105,6 +105,5 @@ def record_error(exc: BaseException) -> None:
         ErrorHandler().record_exception(exc)
 
 
-
 if __name__ == "__main__":
     leave(main())

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from support.controlplane import ControlPlane, free_port
-from support.kubelet_logs import KubeletLogs
 from support.objects import Cluster, condition, has_condition
 from support.operator_process import OperatorProcess
 from support.processnode import ProcessNode
