@@ -117,6 +117,22 @@ def stacks_after_seconds(hang_timeout_seconds: int) -> int:
     return max(1, hang_timeout_seconds // 2)
 
 
+# runPolicy.startupTimeoutSeconds when only hangTimeoutSeconds is set: start-up (interpreter,
+# torch, rendezvous, data, model, a checkpoint to load) is not bounded by the step time a user
+# picks hangTimeoutSeconds from; on a loaded 2-core machine it took 8-63 s for the README's
+# example (docs/benchmarks-24.md). 600 s is torch's default process-group timeout.
+DEFAULT_STARTUP_TIMEOUT_SECONDS = 600
+
+
+def startup_timeout_seconds(hang_timeout_seconds: int | None, startup_timeout_seconds: int | None) -> int | None:
+    """How long an attempt may run before rank 0's first record, or None (not bounded)."""
+    if startup_timeout_seconds is not None:
+        return startup_timeout_seconds
+    if hang_timeout_seconds is None:
+        return None
+    return max(hang_timeout_seconds, DEFAULT_STARTUP_TIMEOUT_SECONDS)
+
+
 def default_env(user_names: Collection[str]) -> dict[str, str]:
     """The DEFAULT_ENV entries the job's own `env` (names `user_names`) does not set."""
     return {name: value for name, value in DEFAULT_ENV.items() if name not in user_names}

@@ -369,7 +369,19 @@ class RunPolicy(StrictModel):
         le=31_536_000,
         description=(
             "Restart the gang (failure reason Stalled) when rank 0's progress has not advanced this long "
-            "while every pod runs. Needs rank 0's metrics records; off when omitted."
+            "while every pod runs, counted from rank 0's first record of the attempt (start-up is "
+            "startupTimeoutSeconds'). Needs rank 0's metrics records; off when omitted."
+        ),
+    )
+    startup_timeout_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=31_536_000,
+        description=(
+            "Restart the gang (failure reason Stalled) when rank 0 has written no record this long after "
+            "every pod of the attempt runs: imports, rendezvous, data, model and checkpoint loading. "
+            "Default with hangTimeoutSeconds: the larger of it and 600 (torch's own process-group "
+            "timeout); off when both are omitted."
         ),
     )
     restart_strategy: RestartStrategy = Field(

@@ -125,17 +125,23 @@ def stall_failure(
     attempt: int,
     progress: Progress | None,
     running_since: datetime,
-    timeout: int,
+    hang_timeout: int | None,
+    startup_timeout: int | None,
     now: datetime,
     culprit: tuple[PodView, str] | None = None,
 ) -> Failure:
     """The failure a stall records: how long, the last progress rank 0 reported, and, from every
     rank's stacks (operator/forensics.py), the pod of the rank that hung and why it is blamed."""
-    if progress is not None and progress.updated_at is not None and progress.updated_at >= running_since:
+    if progressed_since(progress, running_since):
+        assert progress is not None and progress.updated_at is not None
         last = f"last progress: step {progress.step} at {stamp(progress.updated_at)}"
+        message = f"rank 0 (pod {rank0.name}) reported no progress for hangTimeoutSeconds={hang_timeout}; {last}"
     else:
-        last = f"none since attempt {attempt} started running at {stamp(running_since)}"
-    message = f"rank 0 (pod {rank0.name}) reported no progress for hangTimeoutSeconds={timeout}; {last}"
+        message = (
+            f"rank 0 (pod {rank0.name}) wrote no record within startupTimeoutSeconds={startup_timeout} of "
+            f"attempt {attempt} starting to run at {stamp(running_since)} (start-up: imports, rendezvous, "
+            "data, model, checkpoint loading)"
+        )
     pod = rank0
     if culprit is not None:
         pod, why = culprit
@@ -151,11 +157,21 @@ def stall_failure(
     )
 
 
-def stall_due(progress: Progress | None, running_since: datetime, timeout: int) -> datetime:
-    """Counted from the later of rank 0's last progress and the start of this attempt's run:
-    the previous attempt's progress must not trip a fresh attempt."""
-    last = progress.updated_at if progress is not None and progress.updated_at is not None else running_since
-    return max(last, running_since) + timedelta(seconds=timeout)
+def progressed_since(progress: Progress | None, running_since: datetime) -> bool:
+    """Whether rank 0 recorded progress in this attempt (since it started running): the previous
+    attempt's progress must not count for a fresh one."""
+    return progress is not None and progress.updated_at is not None and progress.updated_at >= running_since
+
+
+def stall_due(
+    progress: Progress | None, running_since: datetime, hang_timeout: int | None, startup_timeout: int | None
+) -> datetime | None:
+    """When the attempt counts as stalled: startup_timeout after it started running until rank 0
+    recorded progress in it, then hang_timeout after rank 0's last progress; None if that bound is off."""
+    if progressed_since(progress, running_since):
+        assert progress is not None and progress.updated_at is not None
+        return None if hang_timeout is None else progress.updated_at + timedelta(seconds=hang_timeout)
+    return None if startup_timeout is None else running_since + timedelta(seconds=startup_timeout)
 
 
 def describe(failure: Failure) -> str:

@@ -23,11 +23,13 @@ Definitions docs/operator.md repeats:
     deleted (terminating, or missing after all pods of the attempt had been observed), or is
     stuck waiting (ImagePullBackOff, CrashLoopBackOff, ...) and was scheduled longer than
     `stuck_timeout` ago (Kubernetes records no start of the wait; time waiting for a node
-    does not count); or the gang stalled: with `hangTimeoutSeconds`, while the Running
-    condition is True, rank 0's `progress.updatedAt` has not advanced for that long, counted
-    from the later of that time and when the current attempt started running (Running's
-    lastTransitionTime), so an earlier attempt's progress never trips a fresh one. The first
-    failure in time is blamed (earliest finish, then lowest rank).
+    does not count); or the gang stalled, while the Running condition is True: rank 0 wrote
+    no record for `startupTimeoutSeconds` after the attempt started running (Running's
+    lastTransitionTime; default with hangTimeoutSeconds: the larger of it and 600 s), or its
+    `progress.updatedAt`, once it moved in this attempt, has not advanced for
+    `hangTimeoutSeconds`: an earlier attempt's progress never trips a fresh one, and a slow
+    start-up is not timed by the step time. The first failure in time is blamed (earliest
+    finish, then lowest rank).
   * Late-crash rule (`failures.completed`): when rank 0 recorded `done` (progress.doneAt) and
     lastCheckpoint holds at least that step, a gang failure does not rerun the job: it
     succeeds at once with reason CompletedBeforeFailure, the failure named in the message
@@ -51,6 +53,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from kubetrain.api import naming
+from kubetrain.api.contract import startup_timeout_seconds
 from kubetrain.api.models import (
     MAX_FAILURES_KEPT,
     AttemptStart,
@@ -73,6 +76,7 @@ from kubetrain.operator.failures import (
     in_place_timeout_failure,
     is_disruption,
     judge,
+    progressed_since,
     stall_due,
     stall_failure,
     stamp,
@@ -472,24 +476,29 @@ def _placement(run: _Pass) -> None:
 
 
 def _stalled(run: _Pass) -> Problem | None:
-    """hangTimeoutSeconds: rank 0's progress stood still that long while the gang ran."""
-    timeout, status = run.run.hang_timeout_seconds, run.status
+    """hangTimeoutSeconds: rank 0's progress stood still that long while the gang ran (and
+    startupTimeoutSeconds: rank 0 wrote nothing that long after the attempt started running)."""
+    hang, status = run.run.hang_timeout_seconds, run.status
+    startup = startup_timeout_seconds(hang, run.run.startup_timeout_seconds)
     running = get_condition(status, "Running")
     rank0 = _by_rank(run.current).get(0)
-    if timeout is None or running is None or running.status != "True" or rank0 is None:
+    if running is None or running.status != "True" or rank0 is None:
         return None
-    due = stall_due(status.progress, running.last_transition_time, timeout)
+    due = stall_due(status.progress, running.last_transition_time, hang, startup)
+    if due is None:
+        return None
     if run.now < due:
         run.decision.requeue((due - run.now).total_seconds())
         return None
     culprit = None
-    if run.stacks is not None:
+    # The trainer's watchdog arms at the first step: a stall in start-up has no stacks to read.
+    if run.stacks is not None and progressed_since(status.progress, running.last_transition_time):
         procs = run.job.spec.procs_per_node
         verdict = blame(run.stacks, run.job.spec.nodes * procs)
         pod = None if verdict.rank is None else _by_rank(run.current).get(verdict.rank // procs)
         culprit = (pod or rank0, verdict.message)
     failure = stall_failure(
-        rank0, status.attempt, status.progress, running.last_transition_time, timeout, run.now, culprit
+        rank0, status.attempt, status.progress, running.last_transition_time, hang, startup, run.now, culprit
     )
     run.condition("Stalled", True, "NoProgress", failure.message)
     run.decision.events.append(Event("Warning", "Stalled", failure.message))

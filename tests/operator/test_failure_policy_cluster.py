@@ -85,10 +85,10 @@ def test_a_fail_job_rule_fails_at_once_naming_the_rule(
 def test_a_gang_without_progress_goes_stalled_and_restarts(
     cluster: Cluster, operator: OperatorProcess, kubelet: FakeKubelet
 ) -> None:
-    """No kubelet serves logs here, so rank 0 never reports progress: the stall counts from
-    when the attempt started running."""
+    """No kubelet serves logs here, so rank 0 never reports progress: its start-up stalls,
+    counted from when the attempt started running."""
     hang = 3
-    cluster.create_job("hung", nodes=2, runPolicy={"hangTimeoutSeconds": hang})
+    cluster.create_job("hung", nodes=2, runPolicy={"hangTimeoutSeconds": 60, "startupTimeoutSeconds": hang})
     cluster.run_all(kubelet, "hung", 0, 2)
     running = condition(cluster.wait_job("hung", has_condition("Running"), "Running"), "Running")
     assert running is not None
@@ -96,7 +96,7 @@ def test_a_gang_without_progress_goes_stalled_and_restarts(
     job = cluster.wait_job("hung", has_condition("Stalled"), "Stalled", timeout=hang + 30)
     stalled = condition(job, "Stalled")
     assert stalled is not None and stalled["reason"] == "NoProgress"
-    assert f"hangTimeoutSeconds={hang}" in stalled["message"] and "none since attempt 0" in stalled["message"]
+    assert f"wrote no record within startupTimeoutSeconds={hang} of attempt 0" in stalled["message"]
     (failure,) = status(job)["failures"]
     assert (failure["reason"], failure["rank"], status(job)["restarts"], status(job)["attempt"]) == ("Stalled", 0, 1, 1)
     # On time: the operator requeues for the moment the timeout passes (times have 1 s resolution).

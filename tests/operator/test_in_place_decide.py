@@ -164,7 +164,7 @@ def test_an_in_place_attempt_that_does_not_rendezvous_in_time_is_recreated() -> 
 
 
 def test_a_stalled_gang_restarts_in_place_when_every_agent_is_ready() -> None:
-    job, pods = gang(runPolicy={"hangTimeoutSeconds": 60})
+    job, pods = gang(runPolicy={"hangTimeoutSeconds": 60, "startupTimeoutSeconds": 60})
     d = step(job, pods, T0 + timedelta(seconds=70))
     assert cond(d, "Stalled") == ("True", "NoProgress")
     assert len(d.restart_in_place) == 3 and not d.delete_pods and d.status.restarts == 1

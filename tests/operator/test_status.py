@@ -575,16 +575,42 @@ def progressed(job: TrainingJob, at: datetime, step_: int = 50) -> TrainingJob:
 
 
 def test_no_progress_since_the_gang_started_running_is_a_stall() -> None:
-    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60})  # Running since T0
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60, "startupTimeoutSeconds": 90})  # Running since T0
     d = step(job, pods, T0 + timedelta(seconds=30))
-    assert d.requeue_after == pytest.approx(30) and d.status.wire() == job.status.wire()  # type: ignore[union-attr]
-    d = step(job, pods, T0 + timedelta(seconds=60))
+    assert d.requeue_after == pytest.approx(60) and d.status.wire() == job.status.wire()  # type: ignore[union-attr]
+    d = step(job, pods, T0 + timedelta(seconds=90))
     assert cond(d, "Stalled") == ("True", "NoProgress") and d.status.phase == "Restarting"
     (failure,) = d.status.failures or []
     assert (failure.reason, failure.rank, failure.pod, failure.exit_code) == ("Stalled", 0, "j-node-0", None)
-    assert "none since attempt 0 started running at 2026-01-01T12:00:00Z" in failure.message
+    assert (
+        "rank 0 (pod j-node-0) wrote no record within startupTimeoutSeconds=90 of attempt 0 starting to run at "
+        "2026-01-01T12:00:00Z (start-up" in failure.message
+    )
     assert d.status.restarts == 1 and d.status.attempt == 1 and len(d.delete_pods) == 3
     assert [e.reason for e in d.events] == ["Stalled", "GangRestart"]
+
+
+def test_start_up_is_not_timed_by_the_hang_timeout() -> None:
+    """A start-up longer than hangTimeoutSeconds (imports, rendezvous, a checkpoint to load) is not
+    a stall: by default it has the larger of hangTimeoutSeconds and 600 s, and the hang timeout
+    counts from rank 0's first record of the attempt."""
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 20})
+    d = step(job, pods, T0 + timedelta(seconds=21))
+    assert d.status.attempt == 0 and d.requeue_after == pytest.approx(579) and not is_true(d.status, "Stalled")
+    started = progressed(job, T0 + timedelta(seconds=300), 1)
+    d = step(started, pods, T0 + timedelta(seconds=310))
+    assert d.status.attempt == 0 and d.requeue_after == pytest.approx(10)
+    assert "hangTimeoutSeconds=20" in message_of(step(started, pods, T0 + timedelta(seconds=320)), "Stalled")
+    assert "startupTimeoutSeconds=600" in message_of(step(job, pods, T0 + timedelta(seconds=600)), "Stalled")
+    longer = running_job(runPolicy={"hangTimeoutSeconds": 900})[0]
+    assert step(longer, pods, T0 + timedelta(seconds=899)).requeue_after == pytest.approx(1)
+
+
+def test_a_start_up_timeout_alone_bounds_only_the_start_up() -> None:
+    job, pods = running_job(runPolicy={"startupTimeoutSeconds": 30})
+    assert "startupTimeoutSeconds=30" in message_of(step(job, pods, T0 + timedelta(seconds=30)), "Stalled")
+    d = step(progressed(job, T0 + timedelta(seconds=10)), pods, T0 + timedelta(days=1))
+    assert d.status.attempt == 0 and not is_true(d.status, "Stalled")
 
 
 def test_stall_counts_from_the_last_progress_and_names_it() -> None:
@@ -596,7 +622,7 @@ def test_stall_counts_from_the_last_progress_and_names_it() -> None:
 
 
 def test_the_previous_attempts_progress_does_not_trip_a_fresh_attempt() -> None:
-    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60})
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60, "startupTimeoutSeconds": 60})
     job = progressed(job, T0)
     job = advance(job, step(job, [pod_view(job, 0, phase="Failed", exit_code=1), *pods[1:]], T0 + timedelta(minutes=5)))
     job = advance(job, step(job, [], T0 + timedelta(minutes=6)))
@@ -608,7 +634,7 @@ def test_the_previous_attempts_progress_does_not_trip_a_fresh_attempt() -> None:
 
 
 def test_stalled_clears_when_progress_resumes() -> None:
-    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60})
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60, "startupTimeoutSeconds": 60})
     job = advance(job, step(job, pods, T0 + timedelta(seconds=60)))
     job = advance(job, step(job, [], T0 + timedelta(seconds=70)))
     fresh = [pod_view(job, r, attempt=1, phase="Running") for r in range(3)]
@@ -625,7 +651,7 @@ def test_progress_in_the_second_the_attempt_started_running_is_named() -> None:
 
 
 def test_a_stalled_attempt_that_finishes_in_one_pass_is_no_longer_stalled() -> None:
-    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60})
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60, "startupTimeoutSeconds": 60})
     job = advance(job, step(job, pods, T0 + timedelta(seconds=60)))
     job = advance(job, step(job, [], T0 + timedelta(seconds=70)))
     fresh = [pod_view(job, r, attempt=1, phase="Running") for r in range(3)]
@@ -644,7 +670,9 @@ def test_a_stalled_attempt_that_finishes_in_one_pass_is_no_longer_stalled() -> N
     ],
 )
 def test_stall_follows_the_failure_policy(rule: dict[str, Any], phase: str, counts: tuple[int, int]) -> None:
-    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60, "failurePolicy": {"rules": [rule]}})
+    job, pods = running_job(
+        runPolicy={"hangTimeoutSeconds": 60, "startupTimeoutSeconds": 60, "failurePolicy": {"rules": [rule]}}
+    )
     d = step(job, pods, T0 + timedelta(seconds=61))
     assert d.status.phase == phase and (d.status.restarts, d.status.uncounted_restarts) == counts
 
