@@ -60,8 +60,9 @@ def records_in(text: str) -> list[dict[str, Any]]:
 
 
 def metrics_in(text: str) -> list[dict[str, Any]]:
-    """The job's own metrics records in `text`: every record but the agents'."""
-    return [record for record in records_in(text) if record["event"] not in AGENT_EVENTS]
+    """The job's own metrics records in `text`: every record but the marks of an attempt's
+    start-up and end (rank 0's rendezvous, the agents' launch and failure)."""
+    return [record for record in records_in(text) if record["event"] not in MARKS]
 
 
 def _number(value: Any) -> float | None:

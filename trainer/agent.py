@@ -13,8 +13,9 @@ kubetrain.trainer.torchrun_hooks when torch's agent is imported, this makes the 
    in the rendezvous store torchrun's agents already share (checked every monitor interval):
    stop its workers and stop listening (NotReady), register what it saw in the store, and once
    every agent registered (or CONSOLIDATE_S passed) print a `failure` record naming the gang's
-   first failure (earliest, then the lowest node): its node, process rank, exit code, reason
-   (OOMKilled when the pod's cgroup counted an OOM kill meanwhile) and message;
+   first failure (the worker that died first, timed by ExitTimes, then the lowest node): its
+   node, process rank, exit code, reason (OOMKilled when the pod's cgroup counted an OOM kill
+   meanwhile) and message;
 3. hold until the file names a later attempt: the operator's decision (operator/status.py
    `decide`: counted, judged by the failure policy), applied by relabelling the living pods;
    then start the workers as that attempt. The file moving on while the workers run (the
@@ -35,6 +36,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -147,6 +149,29 @@ def emit(event: str, **fields: Any) -> None:
     sys.stdout.flush()
 
 
+class ExitTimes:
+    """When each worker process died, to the millisecond: a thread per worker waits for its exit
+    without reaping it (waitid with WNOWAIT; torchrun still reaps it). The gang's first failure is
+    then told by when its process died, not by when its agent next looked: torchrun polls every
+    monitor interval, and a peer whose collective failed because of that death (gloo's
+    "Connection closed by peer") may be seen first and blamed instead."""
+
+    def __init__(self) -> None:
+        self.times: dict[int, float] = {}
+
+    def watch(self, pids: list[int]) -> None:
+        for pid in pids:
+            threading.Thread(target=self._wait, args=(pid,), name=f"exit-{pid}", daemon=True).start()
+
+    def _wait(self, pid: int) -> None:
+        with contextlib.suppress(ChildProcessError):  # reaped first: the time it was seen is close
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        self.times.setdefault(pid, time.time())
+
+    def of(self, pid: int) -> float:
+        return self.times.get(pid, time.time())
+
+
 class InPlace:
     """One agent's side of the protocol (see the module docstring)."""
 
@@ -158,6 +183,7 @@ class InPlace:
         self.attempt = found if found is not None else int(os.environ.get(ATTEMPT_ENV, "0") or 0)
         self.preloaded = False
         self.oom_kills = 0
+        self.exits = ExitTimes()
 
     # --- starting the workers -------------------------------------------------------------
 
@@ -172,6 +198,7 @@ class InPlace:
         self.oom_kills = oom_kills()
 
     def after_start(self, group: Any) -> None:
+        self.exits.watch([w.id for w in group.workers if isinstance(getattr(w, "id", None), int)])
         self.readiness.open()
         emit("launch", attempt=self.attempt, node=group.group_rank, workers=len(group.workers))
 
@@ -216,7 +243,8 @@ class InPlace:
     def _register(self, group: Any, result: Any) -> None:
         entry: dict[str, Any] = {"node": group.group_rank, "time": time.time(), "failed": result is not None}
         if result is not None and result.failures:
-            rank, failure = min(result.failures.items(), key=lambda item: item[1].timestamp)
+            rank, failure = min(result.failures.items(), key=lambda item: self.exits.of(item[1].pid))
+            entry["time"] = self.exits.of(failure.pid)
             code = failure.exitcode if failure.exitcode >= 0 else SIGNAL_EXIT_BASE - failure.exitcode
             oom = failure.exitcode < 0 and oom_kills() > self.oom_kills
             detail = f"worker rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) exited with code {code}"

@@ -41,6 +41,9 @@ BASE_SUITE=bookworm
 BASE_MIRROR=http://deb.debian.org/debian
 BASE_PACKAGES=python3,python3-venv,ca-certificates
 PYPI_INDEX=https://pypi.org/simple
+# Free space the trainer's build takes at its peak (the installed wheels in the container, their
+# layer while it is committed, then the OCI layout and its tar), measured with torch 2.15.0.
+TRAINER_BUILD_GB=20
 # -------------------------------------------------------------------------------------------------
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -161,6 +164,18 @@ write_index() {
   done
 }
 
+# need_space GB WHAT: stop before a build that cannot fit, saying so (a full disk otherwise ends a
+# long build in buildah's "no space left on device" while it commits the layer).
+need_space() {
+  local free_kb
+  free_kb=$(df -Pk "$CACHE" | awk 'NR == 2 { print $4 }')
+  if [ "$free_kb" -lt $(($1 * 1024 * 1024)) ]; then
+    df -h "$CACHE" >&2
+    du -sh "$CACHE"/* 2>/dev/null | sort -h | tail -5 >&2
+    die "$2 needs ~$1 GB free on the filesystem of $CACHE; $((free_kb / 1024 / 1024)) GB are"
+  fi
+}
+
 # build_image NAME REF TARGET BUILD_ARG...: prints the archive, building it when missing.
 build_image() {
   local name=$1 ref=$2 target=$3 key archive t0=$SECONDS
@@ -173,6 +188,9 @@ build_image() {
   fi
   # Older archives of this image go first: the trainer's are GBs and the disk is shared.
   find "$CACHE" -maxdepth 1 -name "$name-*.oci.tar*" -exec rm -rf {} +
+  if [ "$target" = trainer ]; then
+    need_space "$TRAINER_BUILD_GB" "building $ref (torch's CUDA wheels installed, committed and archived)"
+  fi
   local -a args=(-v "$CA_BUNDLE:$CA_BUNDLE:ro")
   # Only the trainer installs torch (from TORCH_INDEX_URL=file:///mnt/simple).
   [ "$target" != trainer ] || args+=(-v "$WHEELS:/mnt:ro")

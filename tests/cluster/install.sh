@@ -61,6 +61,11 @@ COREDNS_DIR=$CACHE/coredns-$COREDNS_VERSION
 NODE_PACKAGES=(containerd runc containernetworking-plugins socat iptables gcc libc6-dev)
 K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd)
 START=$SECONDS
+# Go's build and module caches for these builds are ours, under $CACHE: GBs cold (~6.7 GB and
+# ~2.5 GB for all components), reused across the components of one run (the kubelet builds in
+# ~1 min after the control plane instead of ~5), and removed once a run has built everything
+# it was asked for: the binaries are cached, and CI's disk is not unlimited.
+export GOCACHE=$CACHE/go-build GOMODCACHE=$CACHE/go-mod
 
 log() { printf '[install %3ds] %s\n' "$((SECONDS - START))" "$*"; }
 
@@ -296,6 +301,12 @@ elif wanted node; then
   build_coredns
   log "real node ready in $((SECONDS - NODE_START)) s"
   echo "NODE=$NODE_DIR COREDNS=$COREDNS_DIR"
+fi
+if [ -d "$GOCACHE" ] || [ -d "$GOMODCACHE" ]; then
+  # The module cache is read-only by design.
+  chmod -R u+w "$GOMODCACHE" 2>/dev/null || true
+  rm -rf "$GOCACHE" "$GOMODCACHE"
+  log "removed the Go build and module caches ($GOCACHE, $GOMODCACHE)"
 fi
 log "done in $((SECONDS - START)) s"
 ! wanted k8s || echo "K8S_BIN=$K8S_BIN"

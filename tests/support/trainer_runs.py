@@ -18,7 +18,7 @@ from typing import Any
 
 from kubetrain.api import contract
 from kubetrain.api.contract import free_port
-from kubetrain.api.records import parse_record
+from kubetrain.api.records import metrics_in
 from kubetrain.api.training import CONFIG_ENV, TrainConfig
 from kubetrain.local.processes import ProcessTree, stop
 
@@ -69,7 +69,8 @@ def spawn(command: list[str], env: dict[str, str], cwd: Path) -> ProcessTree:
 
 
 def records(stdout: str) -> list[dict[str, Any]]:
-    return [record for line in stdout.splitlines() if (record := parse_record(line)) is not None]
+    """The metrics records (not the start-up marks: api.records.metrics_in)."""
+    return metrics_in(stdout)
 
 
 class Launcher:

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import textwrap
 import time
@@ -183,6 +184,33 @@ def test_every_agent_reports_the_gangs_first_failure(tmp_path: Path, monkeypatch
         "Error",
     )
     assert first["message"].startswith("worker rank 1 (local rank 0, pid 100) exited with code 137")
+
+
+def test_the_worker_that_died_first_is_blamed_whichever_agent_saw_its_death_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 1's worker exits 3; node 0's dies 0.3 s later of the lost peer (gloo: "Connection
+    closed by peer") and its agent happens to register first. The report names node 1: each agent
+    times its workers' deaths as they happen (ExitTimes), not when it looked."""
+    monkeypatch.setenv("KUBETRAIN_ATTEMPT_FILE", str(tmp_path / "attempt"))
+    (tmp_path / "attempt").write_text("0")
+    store = Store()
+    agents = [InPlace(), InPlace()]
+    first = subprocess.Popen([PY, "-c", "import os; os._exit(3)"])
+    agents[1].exits.watch([first.pid])
+    time.sleep(0.3)
+    second = subprocess.Popen([PY, "-c", "import os; os._exit(1)"])
+    agents[0].exits.watch([second.pid])
+    assert (second.wait(30), first.wait(30)) == (1, 3)  # reaped as torchrun reaps: the watchers saw it first
+    peer_gone = Failure(0, 1, time.time(), {"message": "RuntimeError: Connection closed by peer"})
+    peer_gone.pid = second.pid
+    agents[0]._register(Group(store, 0, 2), Result({0: peer_gone}))
+    crashed = Failure(0, 3, time.time())
+    crashed.pid = first.pid
+    agents[1]._register(Group(store, 1, 2), Result({1: crashed}))
+    report = agents[0]._consolidate(Group(store, 0, 2))
+    assert report is not None and (report["node"], report["exit_code"]) == (1, 3), report
+    assert agents[0].exits.of(second.pid) - agents[1].exits.of(first.pid) >= 0.25
 
 
 def test_a_report_does_not_wait_for_an_agent_that_never_registers(

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kubetrain.api.function import CALL_FILE, RUNNER_MODULE, SOURCE_FILE
-from kubetrain.api.records import records_in
+from kubetrain.api.records import metrics_in
 from kubetrain.client.ship import ship
 from kubetrain.client.spec import function_files
 
@@ -55,7 +55,7 @@ def test_the_function_runs_inside_a_process_group_and_logs_records(tmp_path: Pat
     done = run(shipped(tmp_path, reports, "hello"))
     assert done.returncode == 0, done.stderr
     assert "hello: rank 0 of 1 on gloo, sum 1.0" in done.stdout
-    assert [(r["event"], r["step"]) for r in records_in(done.stdout)] == [("step", s) for s in range(1, STEPS + 1)]
+    assert [(r["event"], r["step"]) for r in metrics_in(done.stdout)] == [("step", s) for s in range(1, STEPS + 1)]
 
 
 def test_a_raising_function_exits_1_with_its_traceback_last(tmp_path: Path) -> None:
