@@ -42,10 +42,12 @@ from kubetrain.trainer.dist import DistContext
 EXIT_STOPPED = 128 + signal.SIGTERM
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # The ranks vote about this often (after every step once steps take longer), and at least every
-# MAX_STEPS_PER_VOTE steps: a vote then costs at most ~0.5% of the time, and a signal waits about
+# MAX_STEPS_PER_VOTE steps: a vote then costs well under 1% of the time, and a signal waits about
 # two intervals, nothing against the pods' grace period (api/contract.py DEFAULT_GRACE_SECONDS).
+# The cap bounds the wait when steps slow down suddenly (an eval, a slow rank, a contended node):
+# the spacing follows the step time only at a vote, so at worst a signal waits 2 x 16 slow steps.
 VOTE_INTERVAL_S = 0.25
-MAX_STEPS_PER_VOTE = 100
+MAX_STEPS_PER_VOTE = 16
 
 
 class StopSignal:

@@ -56,6 +56,21 @@ def stop_call(ctx: kdist.DistContext, signal_at: int) -> dict[str, float]:
     raise AssertionError(f"rank {ctx.rank}: no stop agreed within {10 * STEPS} steps")
 
 
+def stop_after_slowdown(ctx: kdist.DistContext, fast: int, slow_s: float) -> int:
+    """`fast` 1 ms steps, then steps of `slow_s` with rank 1 signalled at the first: how many
+    calls after the signal agreed() turned true (the spacing fitted to the fast steps must not
+    make the slow ones wait for it)."""
+    stop = StopSignal(ctx)
+    for call in range(1, fast + 200):
+        slow = call > fast
+        if call == fast + 1 and ctx.rank == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(slow_s if slow else 0.001)
+        if stop.agreed():
+            return call - fast
+    raise AssertionError(f"rank {ctx.rank}: no stop agreed within 200 slow steps")
+
+
 def main() -> None:
     torch.set_num_threads(1)
     with kdist.distributed("gloo", timeout_s=60, connect_timeout_s=60) as ctx:
@@ -63,6 +78,7 @@ def main() -> None:
             "fast": votes_per_step(ctx, 0.001, STEPS),
             "slow": votes_per_step(ctx, 2 * stopping.VOTE_INTERVAL_S, 12),
             "stop": stop_call(ctx, 100),
+            "after_slowdown": stop_after_slowdown(ctx, 150, 0.05),
         }
         everyone: list[Any] = [None] * ctx.world_size
         dist.all_gather_object(everyone, result)
