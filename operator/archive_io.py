@@ -39,6 +39,10 @@ class Captures:
         self.kube = kube
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.texts: dict[str, bytearray] = {}
+        # Pods (uids) whose tail is kept: a later pass that still sees one (a cache behind the
+        # finalizer's removal) releases it without reading its log again. That read goes by
+        # name, and may get less than was kept, or the log of the next pod of the same name.
+        self.archived: set[str] = set()
 
     def follow(self, namespace: str, pod: PodView, budget: int) -> None:
         if pod.uid not in self.tasks:
@@ -109,17 +113,19 @@ async def archive_logs(
             return (captured, True) if captured else (archive.unreadable(pod, str(error)), False)
 
     # Errors reaching the API server itself propagate: the work queue tries the pass again.
-    tails = await asyncio.gather(*(tail(pod) for pod in todo.archive))
+    due = [pod for pod in todo.archive if pod.uid not in captures.archived]
+    tails = await asyncio.gather(*(tail(pod) for pod in due))
     done = Archived(release=[*todo.release, *todo.archive], look_again=todo.look_again)
     read: dict[int, dict[int, str]] = {}
     notes: dict[int, dict[int, str]] = {}
-    for pod, (text, found) in zip(todo.archive, tails, strict=True):
+    for pod, (text, found) in zip(due, tails, strict=True):
         attempt, rank = pod.attempt or 0, pod.rank or 0
         (read if found else notes).setdefault(attempt, {})[rank] = text
         if found and rank == 0:
             done.rank0.append(text)
     for attempt in sorted({*read, *notes}):
         await _keep(kube, job, namespace, uid, attempt, read.get(attempt, {}), notes.get(attempt, {}))
+    captures.archived.update(pod.uid for pod in due)
     return done
 
 

@@ -28,7 +28,10 @@ for a process that a SIGTERM ended) after its checkpoint is durable.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import sys
 import threading
 import time
 from types import FrameType
@@ -48,6 +51,12 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # the spacing follows the step time only at a vote, so at worst a signal waits 2 x 16 slow steps.
 VOTE_INTERVAL_S = 0.25
 MAX_STEPS_PER_VOTE = 16
+# A rank that got the signal and reaches no agreed stop within this long, or three of its longest
+# steps if that is more, is stuck: in a collective whose peer hangs or is gone, in a data loader,
+# in the user's code. It then exits at once with EXIT_STOPPED and no checkpoint (the last one
+# stands), as SIGTERM's default would have: waiting out the pod's grace period (120 s) would only
+# hold the gang restart, and its exit is what lets its peers' collectives fail.
+STUCK_AFTER_S = 30.0
 
 
 class StopSignal:
@@ -70,10 +79,38 @@ class StopSignal:
         self._every = 1
         self._steps = 0
         self._since = time.monotonic()
+        self._last_call = self._since
+        self._longest_step = 0.0
+        self._give_up: threading.Timer | None = None
+        self._over = False
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signal.Signals(signum)
+            if not self._over:
+                wait = max(STUCK_AFTER_S, 3 * self._longest_step)
+                self._give_up = threading.Timer(wait, self._stuck, args=(wait,))
+                self._give_up.daemon = True
+                self._give_up.start()
+
+    def _stuck(self, waited: float) -> None:
+        name = self.received.name if self.received is not None else "a signal"
+        print(
+            f"kubetrain: {name}, and no step boundary reached within {waited:.0f} s: exiting {EXIT_STOPPED} "
+            "without a checkpoint (the last one stands)",
+            file=sys.stderr,
+            flush=True,
+        )
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        os._exit(EXIT_STOPPED)
+
+    def _settled(self) -> None:
+        """The stop is agreed (its save follows) or the loop ended: no giving up any more."""
+        self._over = True
+        if self._give_up is not None:
+            self._give_up.cancel()
+            self._give_up = None
 
     def agreed(self) -> bool:
         """Collective, once per optimizer step on every rank: True once any rank received a signal.
@@ -82,8 +119,13 @@ class StopSignal:
         so each vote overlaps the steps in between; the answer is the same on every rank."""
         if self._stopped:
             return True
+        now = time.monotonic()
+        self._longest_step = max(self._longest_step, now - self._last_call)
+        self._last_call = now
         if self._world == 1:
             self._stopped = self.received is not None
+            if self._stopped:
+                self._settled()
             return self._stopped
         self._steps += 1
         if self._steps < self._every:
@@ -96,6 +138,7 @@ class StopSignal:
             if signalled > 0:
                 self._work = self._flag = None
                 self._stopped = True
+                self._settled()
                 return True
             # The same sum on every rank: every rank counts the same steps to the next vote.
             self._every = max(1, min(MAX_STEPS_PER_VOTE, proposals // self._world))
@@ -115,6 +158,7 @@ class StopSignal:
 
     def close(self) -> None:
         """Finish a vote still in flight: every rank has one at the same point of the loop."""
+        self._settled()
         if self._work is not None:
             self._work.wait()
             self._work = self._flag = None

@@ -329,7 +329,10 @@ def test_a_rolling_restart_of_the_operator_leaves_training_alone(
             )  # fmt: skip
             rollout = time.monotonic() - started
             new_leader = wait_for(lambda: (h := lease_holder(run)) in operator_pods(run) and h, 60, "a new leader")
-        assert not set(operator_pods(run)) & old_pods and new_leader != first_leader
+            # `rollout status` returns once the new pods are available; the old ones may still be
+            # terminating (handing the Lease over, then their grace period).
+            wait_for(lambda: not set(operator_pods(run)) & old_pods, 180, "the old operator pods gone", interval=1)
+        assert new_leader != first_leader
         assert run.job(job)["status"].get("phase") == "Running", "the job finished before the rollout did"
     with run.diagnose.step(f"{job} Succeeded with the same pods and no restart", job=job):
         run.kubectl(

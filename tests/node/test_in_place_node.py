@@ -34,9 +34,10 @@ def condition(job: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return next((c for c in job["status"].get("conditions") or [] if c["type"] == kind), None)
 
 
-def succeeded(job: dict[str, Any]) -> bool:
+def succeeded(job: dict[str, Any]) -> dict[str, Any] | None:
+    """The job once it Succeeded (RealJobs.wait returns what the predicate returns)."""
     found = condition(job, "Succeeded")
-    return found is not None and found["status"] == "True"
+    return job if found is not None and found["status"] == "True" else None
 
 
 def test_a_worker_crash_restarts_the_gang_in_the_same_pods_with_the_accuracy_of_an_uninterrupted_run(

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from support import controlplane, dnsquery, nodeconfig, ociimage
+from support import controlplane, dnsquery, hoststate, nodeconfig, ociimage
 from support.controlplane import ControlPlane
 from support.nodeconfig import BRIDGE, KUBERNETES_SERVICE_IP, NODE_IP, NodePaths
 from support.waiting import wait_for
@@ -278,6 +278,14 @@ def clear_stale() -> list[str]:
         _run("iptables", "-t", "nat", "-F", RELAY_CHAIN)
         _run("iptables", "-t", "nat", "-X", RELAY_CHAIN)
         found.append(f"iptables nat chain {RELAY_CHAIN}")
+    # Its pods' cgroups: the kubelet made them, nobody removed them. A cgroup that still holds a
+    # task refuses and stays (then the node's own check names what it finds).
+    stale_cgroups = hoststate.kubepods_cgroups()
+    if stale_cgroups:
+        hoststate.undo_cgroups({"cgroups": []})
+        gone = [c for c in stale_cgroups if not Path(c).exists()]
+        if gone:
+            found.append(f"kubepods cgroups in {len(gone)} hierarchies")
     return found
 
 

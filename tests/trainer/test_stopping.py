@@ -6,6 +6,8 @@ soon after steps suddenly slow down too."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,3 +39,27 @@ def test_votes_are_spaced_and_a_signal_stops_every_rank_at_one_step(launcher: La
     # steps, as first shipped, took 152 slow steps here).
     after = [rank["after_slowdown"] for rank in ranks]
     assert after[0] == after[1] <= 2 * 16 + 1, after
+
+
+STUCK = """
+import os, signal, sys, time, types
+from kubetrain.trainer import stopping
+stopping.STUCK_AFTER_S = 1.0
+stop = stopping.StopSignal(types.SimpleNamespace(world_size=1, backend="gloo"))
+for _ in range(3):
+    assert not stop.agreed()
+os.kill(os.getpid(), signal.SIGTERM)
+if sys.argv[1] == "reaches":
+    assert stop.agreed()  # the boundary: the stop is agreed, its save may take long
+time.sleep(3)
+print("still here", flush=True)
+"""
+
+
+@pytest.mark.parametrize(("where", "code", "said"), [("stuck", 143, "no step boundary reached"), ("reaches", 0, "")])
+def test_a_signalled_rank_that_reaches_no_step_boundary_exits_instead_of_waiting_for_sigkill(
+    where: str, code: int, said: str
+) -> None:
+    done = subprocess.run([sys.executable, "-c", STUCK, where], capture_output=True, text=True, timeout=120)
+    assert done.returncode == code, done.stderr[-2000:]
+    assert said in done.stderr and ("still here" in done.stdout) == (code == 0)
