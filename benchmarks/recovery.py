@@ -8,8 +8,8 @@ under runPolicy.restartStrategy InPlace or Recreate, and one fault while it trai
   delete   `kubectl delete pod <job>-node-1` once rank 0 passed FAULT_STEP
   evict    the Eviction API on node 1's pod once rank 0 passed FAULT_STEP
   hang     node 1's worker blocks after FAULT_STEP (KUBETRAIN_FAULT hang), hangTimeoutSeconds HANG_S
-           (30: the stall clock of a recreated attempt starts when its pods run, and a cold start
-           took 10-15 s here under load, so 10 s stalled every new attempt in turn)
+           (30: chosen when the stall clock still timed start-up, where a cold start took 10-15 s
+           here under load; startupTimeoutSeconds times it apart now)
   suspend  runPolicy.suspend true once rank 0 passed FAULT_STEP, false once the pods are gone
 
 Measured from rank 0's records on the checkpoint volume (every step is logged): the time from
