@@ -231,7 +231,8 @@ def judge(doc: dict[str, Any], pods: list[dict[str, Any]], texts: dict[str, str]
     found: dict[str, Any] = {
         "succeeded": succeeded is not None,
         "reason": (succeeded or condition(doc, "Failed") or {}).get("reason"),
-        "restarts": status.get("restarts", 0),
+        # Gang restarts of any kind: a deleted pod is a disruption, counted apart (uncountedRestarts).
+        "restarts": status.get("restarts", 0) + status.get("uncountedRestarts", 0),
         "failures": [f.get("reason") for f in status.get("failures", [])],
         "pods_at_end": phases(pods),
         "left_running": sum(p["status"].get("phase") == "Running" for p in pods),
