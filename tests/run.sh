@@ -7,7 +7,7 @@
 #   cluster  + the control plane, helm and Kueue (tests/cluster/install.sh)
 #   node     + as root: the real node (packages, kubelet, CoreDNS) and the images (build-images.sh)
 #   e2e      the node's needs and helm: the end-to-end scenario
-#   bench    + the Kubeflow operator (a benchmark's peer) and, as root, the real node
+#   bench    + the Kubeflow operator (a benchmark's peer) and, as root, the real node and the images
 #   all      (default, what CI runs through .ci/run) everything, and every test
 # Without root the node and the images are not built: their tests skip, naming root.
 set -euo pipefail
@@ -30,7 +30,7 @@ case $TIER in
   *) echo "tests/run.sh: unknown tier '$TIER' (expected unit, cluster, node, e2e, bench or all)" >&2; exit 2 ;;
 esac
 IMAGES=0
-case $TIER in node | e2e | all) IMAGES=1 ;; esac
+case $TIER in node | e2e | bench | all) IMAGES=1 ;; esac
 
 START=$SECONDS
 step() { printf '\n== [%4ds] %s\n' "$((SECONDS - START))" "$*"; }
