@@ -82,7 +82,7 @@ LINT = ["ruff check .", "ruff format --check .", "mypy"]
         ("cluster", ["install.sh k8s helm kueue"], ["-m", "cluster"]),
         ("node", ["install.sh k8s node", "build-images.sh", "root=0"], ["-m", "node"]),
         ("e2e", ["install.sh k8s helm node", "build-images.sh", "root=0"], ["-m", "e2e"]),
-        ("bench", ["install.sh k8s kubeflow node"], ["-m", "bench"]),
+        ("bench", ["install.sh k8s kubeflow node", "build-images.sh", "root=0"], ["-m", "bench"]),
         ("all", ["install.sh k8s helm kueue kubeflow node", "build-images.sh", "root=0"], []),
     ],
 )
