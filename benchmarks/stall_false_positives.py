@@ -49,8 +49,9 @@ from teardown_stress import busy_load, scan_logs  # noqa: E402
 
 RESULT = ROOT / "benchmarks" / "results" / "stall_false_positives.json"
 DUMP = {"stack_dumps": "Timeout (0:"}
-# In a Stalled failure's message when rank 0 reported nothing since its attempt started running.
-STARTUP = "none since attempt"
+# In a Stalled failure's message when rank 0 reported nothing since its attempt started running
+# (runPolicy.startupTimeoutSeconds; before that field, the message said "none since attempt N").
+STARTUP = "wrote no record within startupTimeoutSeconds"
 HANG_STEP = 3
 
 
