@@ -557,7 +557,10 @@ def _converge(run: _Pass, service_exists: bool) -> Decision:
     # Pods created in this pass count as observed only when they are created before the
     # status is written; otherwise the next pass observes them.
     assumed = [] if decision.commit_first else decision.create_ranks
-    if decision.create_ranks and (status.timeline is None or status.timeline.attempt != status.attempt):
+    # From the first pass that misses pods, even while their names are still held by the
+    # previous attempt's terminating pods: that wait is part of the attempt's start (a resume
+    # right after a suspend waits for them).
+    if missing and (status.timeline is None or status.timeline.attempt != status.attempt):
         resumed = get_condition(status, "Suspended") is not None
         start: AttemptStart = "Resume" if resumed else "Start" if status.attempt == 0 else "Recreate"
         status.timeline = timeline.begin(status.attempt, start, detected_at=run.precise)

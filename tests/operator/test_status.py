@@ -292,6 +292,26 @@ def test_suspend_deletes_pods_and_resume_recreates_a_fresh_attempt() -> None:
     assert d.status.phase == "Pending"
 
 
+def test_a_resume_that_waits_for_the_suspended_pods_names_times_that_wait() -> None:
+    """Resumed while the suspended attempt's pods still terminate (their names are taken): the
+    resumed attempt's timeline begins at once, and its pods are created once the names are free,
+    so the timeline holds that wait too."""
+    job, pods = running_job()
+    suspended = job.model_copy(deep=True)
+    suspended.spec.run_policy.suspend = True
+    suspended = advance(suspended, step(suspended, pods, T0 + timedelta(minutes=1)))
+    resumed = suspended.model_copy(deep=True)
+    resumed.spec.run_policy.suspend = False
+    leaving = [replace(p, terminating=True) for p in pods]
+    d = step(resumed, leaving, T0 + timedelta(minutes=1, seconds=2))
+    assert not d.create_ranks and d.status.timeline is not None
+    assert (d.status.timeline.attempt, d.status.timeline.start) == (1, "Resume")
+    assert d.status.timeline.detected_at == T0 + timedelta(minutes=1, seconds=2)
+    d = step(advance(resumed, d), [], T0 + timedelta(minutes=1, seconds=4))
+    assert d.create_ranks == [0, 1, 2] and d.status.timeline is not None
+    assert d.status.timeline.detected_at == T0 + timedelta(minutes=1, seconds=2)
+
+
 def test_job_created_suspended_creates_nothing() -> None:
     d = step(make_job(runPolicy={"suspend": True}), [], service=False)
     assert not d.create_ranks and not d.create_service and d.status.phase == "Suspended"
