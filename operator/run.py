@@ -7,7 +7,9 @@ import asyncio
 import logging
 import socket
 import uuid
+from typing import Any
 
+import aiohttp
 import kopf
 from prometheus_client import start_http_server
 
@@ -46,7 +48,27 @@ def run_operator(settings: OperatorSettings) -> int:
     return 0
 
 
+log = logging.getLogger("kubetrain.operator")
+
+# kopf's API-resource scans (kopf/_cogs/clients/scanning.py) run as tasks whose exceptions it
+# never retrieves: a scan cut off by a closed connection (the operator stopping, the API server
+# restarting) is then printed by asyncio, at garbage collection, as an unretrieved traceback.
+KOPF_SCANS = ("_read_old_api", "_read_new_apis")
+
+
+def _kopf_scan_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """One warning line for a kopf API scan a connection error cut off (kopf scans again);
+    everything else as asyncio reports it."""
+    task, error = context.get("future"), context.get("exception")
+    coro = task.get_coro() if isinstance(task, asyncio.Task) else None
+    if getattr(coro, "__qualname__", "") in KOPF_SCANS and isinstance(error, aiohttp.ClientError | TimeoutError):
+        log.warning("kopf's API scan %s was cut off: %s", getattr(coro, "__qualname__", ""), error)
+        return
+    loop.default_exception_handler(context)
+
+
 async def _operate(settings: OperatorSettings, controller: Controller) -> None:
+    asyncio.get_running_loop().set_exception_handler(_kopf_scan_errors)
     leadership: Leadership
     if settings.leader_elect:
         # Unique per process (client-go's hostname_uuid): a restarted container is a new
