@@ -158,15 +158,20 @@ class ExitTimes:
 
     def __init__(self) -> None:
         self.times: dict[int, float] = {}
+        self.codes: dict[int, int] = {}  # pid -> exit code (128 + N for a signal), as waitid saw it
 
     def watch(self, pids: list[int]) -> None:
         for pid in pids:
             threading.Thread(target=self._wait, args=(pid,), name=f"exit-{pid}", daemon=True).start()
 
     def _wait(self, pid: int) -> None:
+        info = None
         with contextlib.suppress(ChildProcessError):  # reaped first: the time it was seen is close
-            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
         self.times.setdefault(pid, time.time())
+        if info is not None:
+            exited = info.si_code == os.CLD_EXITED
+            self.codes[pid] = info.si_status if exited else SIGNAL_EXIT_BASE + info.si_status
 
     def of(self, pid: int) -> float:
         return self.times.get(pid, time.time())
@@ -255,10 +260,20 @@ class InPlace:
                 reason="OOMKilled" if oom else "Error",
                 message=(f"{detail}: {message}" if message else detail)[-MESSAGE_BYTES:],
             )
+        if result is None:
+            # Stopped by a peer's flag, but a worker of ours had died first (its agent's monitor had
+            # not looked yet): that death is ours to report.
+            dead = [w for w in getattr(group, "workers", []) if self.exits.codes.get(getattr(w, "id", -1), 0)]
+            if dead:
+                worker = min(dead, key=lambda w: self.exits.of(w.id))
+                code = self.exits.codes[worker.id]
+                detail = f"worker rank {worker.global_rank} (local rank {worker.local_rank}, pid {worker.id})"
+                entry.update(failed=True, time=self.exits.of(worker.id), rank=worker.global_rank, exit_code=code)
+                entry.update(reason="Error", message=f"{detail} exited with code {code}")
         store = group.store
         try:
             store.set(self._key("node", group.group_rank), json.dumps(entry))
-            if result is not None:
+            if entry["failed"]:
                 store.add(self._key("failed"), 1)
             store.add(self._key("registered"), 1)
         except STORE_ERRORS as error:
