@@ -13,9 +13,10 @@ kubetrain.trainer.torchrun_hooks when torch's agent is imported, this makes the 
    in the rendezvous store torchrun's agents already share (checked every monitor interval):
    stop its workers and stop listening (NotReady), register what it saw in the store, and once
    every agent registered (or CONSOLIDATE_S passed) print a `failure` record naming the gang's
-   first failure (the worker that died first, timed by ExitTimes, then the lowest node): its
-   node, process rank, exit code, reason (OOMKilled when the pod's cgroup counted an OOM kill
-   meanwhile) and message;
+   first failure: its node, process rank, exit code, reason (OOMKilled when the pod's cgroup
+   counted an OOM kill meanwhile) and message. The first is a cause before a consequence (a
+   worker whose error says its peer's connection went away, `PEER_LOST`, died because another
+   did), then the worker that died first (timed by ExitTimes), then the lowest node;
 3. hold until the file names a later attempt: the operator's decision (operator/status.py
    `decide`: counted, judged by the failure policy), applied by relabelling the living pods;
    then start the workers as that attempt. The file moving on while the workers run (the
@@ -49,7 +50,10 @@ from kubetrain.trainer import reach, warmstart
 log = logging.getLogger("kubetrain.agent")
 
 POLL_S = 0.05  # how often a holding agent reads the attempt file
-CONSOLIDATE_S = 2.0  # how long a stopped agent waits for the others to register before it reports
+# How long a stopped agent waits for the others to register before it reports alone. Every agent
+# registers within a monitor interval (0.1 s) or two, so the wait ends long before this; it runs
+# out only where an agent is gone (its pod is failing anyway) or a loaded node lags by seconds.
+CONSOLIDATE_S = 5.0
 STORE_PREFIX = "kubetrain/gang"
 MESSAGE_BYTES = 2048
 STOP_TIMEOUT_S = 10  # for a killed worker to be reaped (one in uninterruptible sleep may never be)
@@ -59,6 +63,16 @@ OOM_EVENTS = (Path("/sys/fs/cgroup/memory.events"), Path("/sys/fs/cgroup/memory/
 # turns SIGTERM into an Exception (SignalException) raised wherever the agent is, and one caught
 # here would leave the pod's agent running until its grace period ran out.
 STORE_ERRORS = (RuntimeError, OSError, ValueError)
+# How a worker's error reads when a peer process died under it (gloo, NCCL): the consequence of
+# another failure, blamed only when no other worker failed. Timestamps alone cannot tell which
+# came first when the two deaths are milliseconds apart on different nodes' clocks.
+PEER_LOST = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "remote process exited",
+    "ncclRemoteError",
+)
 
 
 def enabled() -> bool:
@@ -142,6 +156,12 @@ def error_text(message: Any) -> str:
     return "" if text.startswith("To enable traceback") else text  # torch's text when there is no error file
 
 
+def peer_lost(message: Any) -> bool:
+    """Whether a worker's error says a peer process went away under it (PEER_LOST)."""
+    text = error_text(message)
+    return any(sign in text for sign in PEER_LOST)
+
+
 def emit(event: str, **fields: Any) -> None:
     """One record on the agent's stdout (the pod's log), as the trainer prints its records."""
     record = {"event": event, "time": time.time(), **fields}
@@ -158,20 +178,15 @@ class ExitTimes:
 
     def __init__(self) -> None:
         self.times: dict[int, float] = {}
-        self.codes: dict[int, int] = {}  # pid -> exit code (128 + N for a signal), as waitid saw it
 
     def watch(self, pids: list[int]) -> None:
         for pid in pids:
             threading.Thread(target=self._wait, args=(pid,), name=f"exit-{pid}", daemon=True).start()
 
     def _wait(self, pid: int) -> None:
-        info = None
         with contextlib.suppress(ChildProcessError):  # reaped first: the time it was seen is close
-            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
         self.times.setdefault(pid, time.time())
-        if info is not None:
-            exited = info.si_code == os.CLD_EXITED
-            self.codes[pid] = info.si_status if exited else SIGNAL_EXIT_BASE + info.si_status
 
     def of(self, pid: int) -> float:
         return self.times.get(pid, time.time())
@@ -202,15 +217,18 @@ class InPlace:
             log.info("workers' modules preloaded into the agent in %.2f s", took)
         self.oom_kills = oom_kills()
 
-    def after_start(self, group: Any) -> None:
-        self.exits.watch([w.id for w in group.workers if isinstance(getattr(w, "id", None), int)])
+    def after_start(self, group: Any, pids: dict[int, Any]) -> None:
+        # `pids` (local rank -> pid) is what torch's _start_workers returns; it sets the workers'
+        # ids from it only after this hook, so group.workers cannot be read for them yet.
+        self.exits.watch([pid for pid in pids.values() if isinstance(pid, int)])
         self.readiness.open()
         emit("launch", attempt=self.attempt, node=group.group_rank, workers=len(group.workers))
 
     # --- the monitor loop ----------------------------------------------------------------
 
-    def monitor(self, agent: Any, group: Any, result: Any, states: Any) -> Any:
-        """torchrun's verdict on its workers (`result`), or HEALTHY after an in-place restart."""
+    def monitor(self, agent: Any, group: Any, result: Any, states: Any, poll: Callable[[], Any]) -> Any:
+        """torchrun's verdict on its workers (`result`, `poll()` for a fresh one), or HEALTHY
+        after an in-place restart."""
         self.readiness.serve()
         if result.state == states.SUCCEEDED:
             return result
@@ -221,8 +239,14 @@ class InPlace:
             stop(agent, group)
             return self._start(agent, group, newer, result)
         own = result.state in (states.FAILED, states.UNHEALTHY)
-        if not own and not self._peer_failed(group.store):
-            return result
+        if not own:
+            if not self._peer_failed(group.store):
+                return result
+            # A peer failed. If that followed from our own worker's death (its peer saw the
+            # connection close), our worker is dead by now although the verdict above missed it:
+            # ask torchrun again, so that death is reported as ours.
+            result = poll()
+            own = result.state in (states.FAILED, states.UNHEALTHY)
         self.readiness.close()
         stop(agent, group)
         self._register(group, result if own else None)
@@ -248,28 +272,21 @@ class InPlace:
     def _register(self, group: Any, result: Any) -> None:
         entry: dict[str, Any] = {"node": group.group_rank, "time": time.time(), "failed": result is not None}
         if result is not None and result.failures:
-            rank, failure = min(result.failures.items(), key=lambda item: self.exits.of(item[1].pid))
-            entry["time"] = self.exits.of(failure.pid)
+            rank, failure = min(
+                result.failures.items(), key=lambda item: (peer_lost(item[1].message), self.exits.of(item[1].pid))
+            )
             code = failure.exitcode if failure.exitcode >= 0 else SIGNAL_EXIT_BASE - failure.exitcode
             oom = failure.exitcode < 0 and oom_kills() > self.oom_kills
             detail = f"worker rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) exited with code {code}"
             message = error_text(failure.message)
             entry.update(
+                time=self.exits.of(failure.pid),
+                consequence=peer_lost(failure.message),
                 rank=rank,
                 exit_code=code,
                 reason="OOMKilled" if oom else "Error",
                 message=(f"{detail}: {message}" if message else detail)[-MESSAGE_BYTES:],
             )
-        if result is None:
-            # Stopped by a peer's flag, but a worker of ours had died first (its agent's monitor had
-            # not looked yet): that death is ours to report.
-            dead = [w for w in getattr(group, "workers", []) if self.exits.codes.get(getattr(w, "id", -1), 0)]
-            if dead:
-                worker = min(dead, key=lambda w: self.exits.of(w.id))
-                code = self.exits.codes[worker.id]
-                detail = f"worker rank {worker.global_rank} (local rank {worker.local_rank}, pid {worker.id})"
-                entry.update(failed=True, time=self.exits.of(worker.id), rank=worker.global_rank, exit_code=code)
-                entry.update(reason="Error", message=f"{detail} exited with code {code}")
         store = group.store
         try:
             store.set(self._key("node", group.group_rank), json.dumps(entry))
@@ -296,7 +313,7 @@ class InPlace:
         failed = [e for e in entries if e.get("failed") and "exit_code" in e]
         if not failed:
             return None
-        first = min(failed, key=lambda e: (e["time"], e["node"]))
+        first = min(failed, key=lambda e: (bool(e.get("consequence")), e["time"], e["node"]))
         return {key: first[key] for key in ("time", "node", "rank", "exit_code", "reason", "message")}
 
     def _hold(self) -> int:
@@ -340,13 +357,13 @@ def patch_agent(module: ModuleType) -> None:
         state = _state(self)
         state.before_start(self, worker_group)
         started = start(self, worker_group)
-        state.after_start(worker_group)
+        state.after_start(worker_group, started)
         return started
 
     def _monitor_workers(self: Any, worker_group: Any) -> Any:
         result = monitor(self, worker_group)
         try:
-            return _state(self).monitor(self, worker_group, result, states)
+            return _state(self).monitor(self, worker_group, result, states, lambda: monitor(self, worker_group))
         except stopped:  # the pod is being stopped: torchrun's own handling
             raise
         except Exception:  # a bug here: torchrun's own behaviour (a failure then recreates the gang)

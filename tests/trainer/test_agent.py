@@ -213,6 +213,43 @@ def test_the_worker_that_died_first_is_blamed_whichever_agent_saw_its_death_firs
     assert agents[0].exits.of(second.pid) - agents[1].exits.of(first.pid) >= 0.25
 
 
+def test_a_worker_that_lost_its_peer_is_blamed_only_when_nobody_else_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 0's worker failed of the lost peer and its death was timed first (clocks of two nodes,
+    a thread woken late): still node 1's exit 3 is the gang's failure, the cause before its
+    consequence. Alone, the consequence is reported as it is."""
+    monkeypatch.setenv("KUBETRAIN_ATTEMPT_FILE", str(tmp_path / "attempt"))
+    store = Store()
+    agents = [InPlace(), InPlace()]
+    lost = {"message": "RuntimeError: [pair.cc:561] Connection closed by peer [10.0.0.2]:4711."}
+    agents[0]._register(Group(store, 0, 2), Result({0: Failure(0, 1, time.time(), lost)}))
+    report = agents[0]._consolidate(Group(store, 0, 2))
+    assert report is not None and (report["node"], report["exit_code"]) == (0, 1), "alone, it is reported"
+    agents[1].exits.times[100] = time.time() + 0.05  # timed after node 0's, though it came first
+    agents[1]._register(Group(store, 1, 2), Result({1: Failure(0, 3, time.time())}))
+    for rank, one in enumerate(agents):
+        report = one._consolidate(Group(store, rank, 2))
+        assert report is not None and (report["node"], report["rank"], report["exit_code"]) == (1, 1, 3), report
+
+
+@pytest.mark.parametrize(
+    ("message", "lost"),
+    [
+        ({"message": "RuntimeError: [pair.cc:561] Connection closed by peer [127.0.0.1]:31957."}, True),
+        ("RuntimeError: [pair.cc:545] Read error [127.0.0.1]:45208: Connection reset by peer.", True),
+        ({"message": "DistBackendError: NCCL error: remote process exited or there was a network error"}, True),
+        ("Signal 9 (SIGKILL) received by PID 7", False),
+        ({"message": "RuntimeError: CUDA out of memory"}, False),
+        ({"message": "RuntimeError: Timed out waiting 1800000ms for recv operation to complete"}, False),
+        ("", False),
+    ],
+)
+def test_which_errors_say_a_peer_went_away(message: Any, lost: bool) -> None:
+    """A timeout is not one: the peer that never answered may be hung, not dead."""
+    assert agent.peer_lost(message) is lost
+
+
 def test_a_report_does_not_wait_for_an_agent_that_never_registers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
