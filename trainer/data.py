@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 
 from kubetrain.api.training import TrainingSpec
+from kubetrain.trainer.stopping import loader_worker_init
 
 NUM_CLASSES = 10
 
@@ -160,6 +161,7 @@ def sharded_loader(
         pin_memory=pin_memory,
         generator=generator,
         persistent_workers=False,
+        worker_init_fn=loader_worker_init,  # a stop signal leaves the batches coming until the rank saves
     )
     return ShardedLoader(loader, sampler, generator, batch_size)
 

@@ -17,6 +17,8 @@
             stop.exit()                                 # every rank exits EXIT_STOPPED (143)
 
 with `stop = lib.StopSignal(ctx)` made once, on every rank, before the loop (kubetrain.trainer.stopping).
+A DataLoader of your own with `num_workers > 0` needs `worker_init_fn=lib.loader_worker_init`
+(`lib.sharded_loader` has it): else the stop signal kills its workers before the rank can save.
 `watchdog = lib.HangWatchdog(ctx.local_rank)` and `watchdog.beat()` once per step give a Stalled
 restart every rank's stacks to name the rank that hung (kubetrain.trainer.watchdog).
 
@@ -40,7 +42,7 @@ from kubetrain.trainer.data import ShardedLoader, eval_loader, sharded_loader
 from kubetrain.trainer.dist import ContractError, DistContext, barrier, distributed, finish, setup, teardown
 from kubetrain.trainer.dist import current as context
 from kubetrain.trainer.metrics import MetricsLogger, configure_logging
-from kubetrain.trainer.stopping import EXIT_STOPPED, StopSignal
+from kubetrain.trainer.stopping import EXIT_STOPPED, StopSignal, loader_worker_init
 from kubetrain.trainer.train import accumulate_gradients, evaluate
 from kubetrain.trainer.watchdog import HangWatchdog
 
@@ -65,6 +67,7 @@ __all__ = [
     "evaluate",
     "finish",
     "latest_checkpoint",
+    "loader_worker_init",
     "log0",
     "setup",
     "sharded_loader",

@@ -59,6 +59,15 @@ MAX_STEPS_PER_VOTE = 16
 STUCK_AFTER_S = 30.0
 
 
+def loader_worker_init(worker_id: int) -> None:
+    """A DataLoader's `worker_init_fn`: its worker processes ignore SIGTERM and SIGINT. They share
+    their rank's process group, and torchrun stops a rank by signalling that group (as a terminal
+    does with Ctrl-C): a worker that died of it would fail the rank's next batch before the rank
+    could reach its stop step and save it. They end with their rank (torch's workers watch it)."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 class StopSignal:
     """SIGTERM/SIGINT to a flag, and the per-step vote that turns one rank's flag into everyone's stop."""
 

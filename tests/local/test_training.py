@@ -122,8 +122,9 @@ def test_sigint_mid_training_leaves_no_process(tmp_path: Path) -> None:
 
 # Periodic saves off: only epoch ends (every 22 steps) and the stop save a step when asked.
 # From step 30 on rank 0 takes 0.3 s a step (KUBETRAIN_FAULT slow): the run cannot end before
-# the test's SIGINT, by construction.
-STOP_JOB = {"epochs": 4, "logEverySteps": 1}
+# the test's SIGINT, by construction. DataLoader worker processes, as examples/cnn-gpu.yaml has:
+# the stop signal reaches them too (torchrun signals each rank's process group).
+STOP_JOB = {"epochs": 4, "logEverySteps": 1, "numWorkers": 2}
 SLOW = "slow,rank=0,step=30,ms=300"
 
 
