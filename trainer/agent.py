@@ -374,6 +374,32 @@ def patch_agent(module: ModuleType) -> None:
     agent_class._monitor_workers = _monitor_workers
 
 
+NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
+def patch_launch_config(module: ModuleType) -> None:
+    """torch.distributed.launcher.api loaded: torchrun's LaunchConfig asks whether an accelerator is
+    available when it is made, and the CUDA runtime's answer marks every later fork of the agent
+    unable to use CUDA (measured on an H200: every warm worker failed "Cannot re-initialize CUDA in
+    forked subprocess"). That one question goes to NVML instead, torch's own fork-safe check
+    (NVML_CHECK_ENV); the workers, and anything else, get the CUDA runtime's answer as before."""
+    config_class = getattr(module, "LaunchConfig", None)
+    post_init: Callable[..., Any] | None = getattr(config_class, "__post_init__", None)
+    if config_class is None or post_init is None:
+        return
+
+    def __post_init__(self: Any) -> Any:
+        if NVML_CHECK_ENV in os.environ:
+            return post_init(self)
+        os.environ[NVML_CHECK_ENV] = "1"
+        try:
+            return post_init(self)
+        finally:
+            os.environ.pop(NVML_CHECK_ENV, None)
+
+    config_class.__post_init__ = __post_init__
+
+
 def patch_handler(module: ModuleType) -> None:
     """torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler loaded:
     start Python workers as forks of the agent (trainer/warmstart.py)."""

@@ -26,7 +26,9 @@ When they are, two of torch's exit races are closed where a user's script cannot
   resolve yet with growing gaps), see kubetrain.trainer.reach.
 * The in-place gang restart (runPolicy.restartStrategy InPlace, when KUBETRAIN_ATTEMPT_FILE is
   set): torchrun's agent holds a failed gang and restarts its workers when the pod is moved to
-  the next attempt, starting them as forks of itself; see kubetrain.trainer.agent.
+  the next attempt, starting them as forks of itself (torchrun's launch config then asks NVML,
+  not the CUDA runtime, whether there are GPUs: its answer would leave the forks unable to use
+  them); see kubetrain.trainer.agent.
 
 The hooks use private torch names; a torch that renamed them gets a warning and torch's own
 behaviour, never a failure.
@@ -190,6 +192,13 @@ def _restart_in_place(module: ModuleType) -> None:
         agent.patch_agent(module)
 
 
+def _fork_safe_launch(module: ModuleType) -> None:
+    from kubetrain.trainer import agent
+
+    if agent.enabled():
+        agent.patch_launch_config(module)
+
+
 def _warm_workers(module: ModuleType) -> None:
     from kubetrain.trainer import agent
 
@@ -203,6 +212,7 @@ HOOKS: dict[str, Callable[[ModuleType], None]] = {
     "torch.distributed.elastic.agent.server.api": _node0_enters_exit_barrier_last,
     "torch.distributed.elastic.rendezvous.static_tcp_rendezvous": _wait_for_node0,
     "torch.distributed.run": _exit_when_done,
+    "torch.distributed.launcher.api": _fork_safe_launch,
     "torch.distributed.elastic.agent.server.local_elastic_agent": _restart_in_place,
     "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler": _warm_workers,
 }

@@ -132,10 +132,22 @@ def fork(args: Sequence[str], env: Mapping[str, str]) -> Forked | None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    gpus = _gpus()
     pid = os.fork()
     if pid == 0:
-        _become_worker(parsed, env)
+        _become_worker(parsed, list(args), env, gpus)
     return Forked(pid, args)
+
+
+def _gpus() -> int:
+    """CUDA devices this agent sees, asked without marking its forks (NVML first, as torch does;
+    only where NVML cannot answer does torch ask CUDA, and then there is no GPU driver to break)."""
+    torch = sys.modules.get("torch")
+    count = getattr(getattr(torch, "cuda", None), "device_count", None)
+    try:
+        return int(count()) if count is not None else 0
+    except (RuntimeError, OSError, ValueError):
+        return 0
 
 
 def _close_sockets() -> None:
@@ -148,7 +160,15 @@ def _close_sockets() -> None:
                 os.close(fd)
 
 
-def _become_worker(parsed: tuple[str, str, list[str]], env: Mapping[str, str]) -> None:
+def cuda_unusable_after_fork(gpus: int) -> bool:
+    """Whether this forked process would fail at its first CUDA call: there are GPUs, and its
+    parent had asked the CUDA runtime about them (torch then marks every later fork)."""
+    torch = sys.modules.get("torch")
+    in_bad_fork = getattr(getattr(torch, "cuda", None), "_is_in_bad_fork", None)
+    return gpus > 0 and in_bad_fork is not None and bool(in_bad_fork())
+
+
+def _become_worker(parsed: tuple[str, str, list[str]], args: list[str], env: Mapping[str, str], gpus: int) -> None:
     """In the child: undo what is the agent's, then run the worker's command line. Never returns."""
     code = 1
     try:
@@ -157,6 +177,11 @@ def _become_worker(parsed: tuple[str, str, list[str]], env: Mapping[str, str]) -
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         _close_sockets()
+        if cuda_unusable_after_fork(gpus):
+            # The same process (pid) runs the command line cold: right, only not warm.
+            print("[kubetrain] the agent had used CUDA before this fork: starting the worker cold", file=sys.stderr)
+            sys.stderr.flush()
+            os.execve(args[0], args, dict(env))
         atexit._clear()
         os.environ.clear()
         os.environ.update(env)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.jobs import digits_job, write_job
-from support.local_runs import records, run_status, start_run, summary
+from support.local_runs import final_state, records, run_status, start_run, summary
 
 pytestmark = [pytest.mark.unit, pytest.mark.slow]
 
@@ -18,13 +18,6 @@ pytestmark = [pytest.mark.unit, pytest.mark.slow]
 JOB = {"epochs": 3, "logEverySteps": 5}
 FAULT = "kill,rank=1,step=30"
 PIDS = re.compile(r"\[kubetrain\] attempt (\d+): node-0 pid (\d+), node-1 pid (\d+)")
-
-
-def final_model(run_dir: Path) -> dict[str, torch.Tensor]:
-    steps = sorted(run_dir.glob("checkpoints/step-*/meta.json"), key=lambda p: int(p.parent.name.split("-")[1]))
-    state = torch.load(steps[-1].parent / "state.pt", weights_only=False)["state"]
-    model: dict[str, torch.Tensor] = state["model"]
-    return model
 
 
 def test_a_crashed_worker_restarts_the_gang_in_place_with_the_same_agents_and_weights(tmp_path: Path) -> None:
@@ -62,7 +55,7 @@ def test_a_crashed_worker_restarts_the_gang_in_place_with_the_same_agents_and_we
     resumed = [r for r in metrics if r["event"] == "resume"]
     assert [r["step"] for r in resumed] == [22] and resumed[0]["attempt"] == 1
 
-    expected, got = final_model(tmp_path / "reference"), final_model(run_dir)
+    expected, got = final_state(tmp_path / "reference")["state"]["model"], final_state(run_dir)["state"]["model"]
     assert expected.keys() == got.keys()
     for name, tensor in expected.items():
         assert torch.equal(tensor, got[name]), f"{name} differs from the uninterrupted run"

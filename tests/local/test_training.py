@@ -14,16 +14,10 @@ import psutil
 import pytest
 import torch
 from support.jobs import DIGITS_CPU, digits_job, write_job
-from support.local_runs import alive, records, run_cli, run_status, start_run, summary
+from support.local_runs import alive, final_state, records, run_cli, run_status, start_run, summary
 from support.waiting import wait_for
 
 pytestmark = [pytest.mark.unit, pytest.mark.slow]
-
-
-def final_state(run_dir: Path) -> dict[str, Any]:
-    steps = sorted(run_dir.glob("checkpoints/step-*/meta.json"), key=lambda p: int(p.parent.name.split("-")[1]))
-    state: dict[str, Any] = torch.load(steps[-1].parent / "state.pt", weights_only=False)
-    return state
 
 
 def test_readme_first_command_trains_the_cpu_example(tmp_path: Path) -> None:

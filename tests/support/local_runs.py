@@ -59,6 +59,15 @@ def summary(run_dir: Path) -> dict[str, Any]:
     return data
 
 
+def final_state(run_dir: Path) -> dict[str, Any]:
+    """The newest checkpoint's saved state of a run (`state`: model, optimizer, step; `ranks`)."""
+    import torch
+
+    steps = sorted(run_dir.glob("checkpoints/step-*/meta.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+    state: dict[str, Any] = torch.load(steps[-1].parent / "state.pt", weights_only=False)
+    return state
+
+
 def alive(pid: int, create_time: float) -> bool:
     """The process still exists and is the one we saw (not a reused PID), and is not a zombie."""
     import psutil

@@ -65,6 +65,38 @@ def test_a_forked_worker_runs_its_script_with_its_own_env_argv_and_exit_code(tmp
     assert seen["pgid"] and seen["sigterm"], "a session of its own, the agent's signal handlers gone"
 
 
+@pytest.mark.parametrize(("gpus", "cold"), [(1, True), (0, False)])
+def test_a_fork_of_an_agent_that_asked_cuda_runs_cold_where_there_are_gpus(
+    tmp_path: Path, gpus: int, cold: bool
+) -> None:
+    """torch marks every fork of a process that asked the CUDA runtime for its devices (torchrun's
+    launch config did, on an H200): the fork's first CUDA call raises. With GPUs such a worker
+    runs its command line cold, in the same process; without, the mark is harmless and it stays warm."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        "import os, sys, torch\nprint('worker', os.getpid(), torch.cuda._is_in_bad_fork())\nsys.exit(5)\n"
+    )
+    agent_side = tmp_path / "agent.py"
+    agent_side.write_text(
+        textwrap.dedent(
+            f"""
+            import os, sys, torch
+            from kubetrain.trainer import warmstart
+            torch._C._cuda_getDeviceCount()  # the question torchrun's launch config asks
+            warmstart._gpus = lambda: {gpus}  # what the agent sees (this machine may have no GPU)
+            forked = warmstart.fork([sys.executable, "-u", {str(worker)!r}], dict(os.environ))
+            print("forked", forked.pid, forked.wait(60), flush=True)
+            """
+        )
+    )
+    done = subprocess.run([PY, str(agent_side)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    pid, code = lines["forked"].split()
+    assert code == "5" and lines["worker"] == f"{pid} {not cold}", done.stdout
+    assert ("starting the worker cold" in done.stderr) is cold
+
+
 def test_a_forked_worker_closes_the_agents_sockets(tmp_path: Path) -> None:
     """A worker holding the readiness listener would keep the pod Ready while its agent waits."""
     ready = Readiness(_free_port())
