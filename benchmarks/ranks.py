@@ -41,7 +41,8 @@ def max_over_ranks(value: float) -> float:
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([value], dtype=torch.float64)
+    nccl = dist.get_backend() == "nccl"  # it reduces GPU tensors only
+    t = torch.tensor([value], dtype=torch.float64, device="cuda" if nccl else "cpu")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
 

@@ -1,10 +1,12 @@
 """What kubetrain's trainer costs over hand-written PyTorch, measured on this machine.
 
     .venv/bin/python benchmarks/trainer_overhead.py [--ranks 2] [--reps 5] [--steps 50] [--rounds 10]
+    .venv/bin/python benchmarks/trainer_overhead.py --device cuda --ranks 1 --rounds 0 --batch 256 --hidden 4096
 
 Starts `--ranks` processes on 127.0.0.1 with the operator's env contract (gloo, one thread
-each). The machine is small and shared, so every comparison is between arms run back to
-back, and an unrecorded warm-up round comes first:
+each; with `--device cuda` NCCL, one GPU each, and the hand loop synchronises the GPU where it
+reads its clock, as kubetrain's step records do). The machine is small and shared, so every
+comparison is between arms run back to back, and an unrecorded warm-up round comes first:
 
 1. loop overhead: kubetrain's `train()` against a minimal hand-written DDP loop over the same
    model, data, DataLoader, optimizer and schedule, the two alternating run by run. The
@@ -14,7 +16,7 @@ back, and an unrecorded warm-up round comes first:
 2. DDP cost: DDP against a no-communication control (each rank trains its own copy), with
    gradient sync every step and with 4-step `no_sync` accumulation, at a small and a 4x
    larger per-rank batch; the arms alternate in short blocks and each ratio is taken
-   between adjacent blocks.
+   between adjacent blocks (CPU only; `--rounds 0` skips it).
 3. checkpoint: one collective `Checkpointer.save` of model + AdamW against one step.
 
 Results go to benchmarks/results/trainer_overhead.json (or --output) with the machine described.
@@ -40,14 +42,20 @@ RESULT = ROOT / "benchmarks" / "results" / "trainer_overhead.json"
 FEATURES, HIDDEN, BATCH = 256, 1024, 64
 
 
-def _config(directory: str, steps: int, world: int) -> Any:
+def _sizes(args: argparse.Namespace) -> None:
+    """--hidden and --batch replace the defaults (in the worker and in the summary)."""
+    global HIDDEN, BATCH
+    HIDDEN, BATCH = args.hidden, args.batch
+
+
+def _config(directory: str, steps: int, world: int, backend: str) -> Any:
     from kubetrain.api.training import TrainConfig
 
     test_fraction = 0.02
     samples = int(steps * BATCH * world / (1 - test_fraction)) + 4 * BATCH * world
     return TrainConfig.model_validate(
         {
-            "backend": "gloo",
+            "backend": backend,
             "training": {
                 "model": "mlp",
                 "dataset": "synthetic",
@@ -72,7 +80,7 @@ def _kubetrain_run(ctx: Any, directory: str, steps: int) -> dict[str, Any]:
     from kubetrain.api.records import METRICS_FILE
     from kubetrain.trainer.train import train
 
-    config = _config(directory, steps, ctx.world_size)
+    config = _config(directory, steps, ctx.world_size, ctx.backend)
     dist.barrier()
     start = time.perf_counter()
     train(config, ctx)
@@ -96,13 +104,17 @@ def _hand_run(ctx: Any, steps: int) -> dict[str, float]:
     from kubetrain.trainer.model import build_model
     from kubetrain.trainer.train import build_optimizer, cosine_schedule
 
-    spec = _config("unused", steps, ctx.world_size).training
+    spec = _config("unused", steps, ctx.world_size, ctx.backend).training
+    device, gpu = ctx.device, ctx.device.type == "cuda"
     dist.barrier()
     start = time.perf_counter()
     splits = load_splits(spec)
-    loader = sharded_loader(splits.train, batch_size=BATCH, rank=ctx.rank, world_size=ctx.world_size, seed=spec.seed)
+    loader = sharded_loader(
+        splits.train, batch_size=BATCH, rank=ctx.rank, world_size=ctx.world_size, seed=spec.seed, pin_memory=gpu
+    )
     torch.manual_seed(spec.seed)
-    model = DDP(build_model(spec, splits.input_shape, splits.num_classes), gradient_as_bucket_view=True)
+    module = build_model(spec, splits.input_shape, splits.num_classes).to(device)
+    model = DDP(module, device_ids=[ctx.local_rank] if gpu else None, gradient_as_bucket_view=True)
     optimizer = build_optimizer(spec, model.parameters())
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_schedule(steps))
     batches = loader.epoch(0)
@@ -110,11 +122,13 @@ def _hand_run(ctx: Any, steps: int) -> dict[str, float]:
     mark = time.perf_counter()
     for step in range(1, steps + 1):
         x, y = next(batches)
-        F.cross_entropy(model(x), y).backward()
+        F.cross_entropy(model(x.to(device, non_blocking=True)), y.to(device, non_blocking=True)).backward()
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         if step % 10 == 0:  # the same 10-step windows kubetrain's records time
+            if gpu:
+                torch.cuda.synchronize(device)  # kubetrain's window ends in a read of the loss
             now = time.perf_counter()
             if step > 10:
                 windows.append((now - mark) / 10)
@@ -184,9 +198,9 @@ def _checkpoint_run(ctx: Any, directory: str) -> float:
     from kubetrain.trainer.checkpoint import Checkpointer
     from kubetrain.trainer.model import MLP
 
-    module = MLP(FEATURES, HIDDEN, 10)
+    module = MLP(FEATURES, HIDDEN, 10).to(ctx.device)
     optimizer = torch.optim.AdamW(module.parameters())
-    module(torch.randn(2, FEATURES)).sum().backward()
+    module(torch.randn(2, FEATURES, device=ctx.device)).sum().backward()
     optimizer.step()  # AdamW state exists, as in a real save
     ckpt = Checkpointer(directory, rank=ctx.rank, world_size=ctx.world_size, keep=1)
     times = []
@@ -206,10 +220,13 @@ def worker(args: argparse.Namespace) -> None:
     from kubetrain.trainer.checkpoint import complete_checkpoints
     from kubetrain.trainer.metrics import configure_logging
 
-    torch.set_num_threads(1)
+    _sizes(args)
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    if backend == "gloo":
+        torch.set_num_threads(1)
     # On success the ranks meet before tearing down: a rank that exits while its peers still
     # hold gloo connections can abort at interpreter exit.
-    with kdist.distributed("gloo", timeout_s=600, connect_timeout_s=60) as ctx:
+    with kdist.distributed(backend, timeout_s=600, connect_timeout_s=60) as ctx:
         configure_logging(ctx.rank)
         # The trainer's rank-0 records would go to stdout: this worker reports through --out only.
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
@@ -227,7 +244,8 @@ def worker(args: argparse.Namespace) -> None:
                 else:
                     pair[arm] = _hand_run(ctx, args.steps)
             results["loop"].append(pair)
-        results["comm"] = _comm_rounds(ctx, rounds=args.rounds, block=args.block)
+        if args.rounds > 0:
+            results["comm"] = _comm_rounds(ctx, rounds=args.rounds, block=args.block)
         results["checkpoint"]["save_s"] = _checkpoint_run(ctx, str(base / "ckpt"))
         if ctx.rank == 0:
             path = complete_checkpoints(base / "ckpt")[-1][1]
@@ -235,9 +253,15 @@ def worker(args: argparse.Namespace) -> None:
             Path(args.out).write_text(json.dumps(results))
 
 
-def _machine() -> dict[str, Any]:
+def _machine(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    described = machine()
+    if args.device == "cuda":
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none visible"
+        described.update(backend="nccl", gpu=gpu, cuda=torch.version.cuda)
     return {
-        **machine(),
+        **described,
         "note": (
             "shared machine: other work ran alongside; compare arms within a repetition, not across runs. "
             "One unrecorded warm-up round of every arm precedes the repetitions."
@@ -262,7 +286,7 @@ def _summary(raw: dict[str, Any], args: argparse.Namespace, wall: float, load: t
         "what": "throughput of DDP over a no-communication control (control time / DDP time), adjacent blocks",
         "target_no_sync_accum4": 0.95,
     }
-    for batch in COMM_BATCHES:
+    for batch in COMM_BATCHES if comm else ():
         for accum, label in ((1, "sync_every_step"), (4, "no_sync_accum4")):
             ratios = _ratios(comm[f"control_accum{accum}_batch{batch}"], comm[f"ddp_accum{accum}_batch{batch}"])
             ddp_cost[f"batch{batch}_{label}_median"] = round(med(ratios), 4)
@@ -277,7 +301,7 @@ def _summary(raw: dict[str, Any], args: argparse.Namespace, wall: float, load: t
     return {
         "benchmark": "trainer_overhead",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {**_machine(), "load_average_before": load, "load_average_after": os.getloadavg()},
+        "machine": {**_machine(args), "load_average_before": load, "load_average_after": os.getloadavg()},
         "setup": {
             "ranks": args.ranks,
             "loop_reps": args.reps,
@@ -299,7 +323,7 @@ def _summary(raw: dict[str, Any], args: argparse.Namespace, wall: float, load: t
             "end_to_end_note": "kubetrain's end to end includes its epoch-end eval and a final checkpoint",
             "target": 0.98,
         },
-        "ddp_vs_no_communication": ddp_cost,
+        "ddp_vs_no_communication": ddp_cost if comm else "not measured (--rounds 0)",
         "checkpoint": {
             "save_ms_median": round(save_s * 1000, 2),
             "step_ms_median": round(step_s * 1000, 2),
@@ -317,7 +341,8 @@ def launch(args: argparse.Namespace) -> None:
         out = Path(scratch) / "raw.json"
         argv = ["--worker", "--out", str(out), "--scratch", scratch]
         argv += ["--reps", str(args.reps), "--steps", str(args.steps)]
-        argv += ["--rounds", str(args.rounds), "--block", str(args.block)]
+        argv += ["--rounds", str(args.rounds), "--block", str(args.block), "--device", args.device]
+        argv += ["--hidden", str(args.hidden), "--batch", str(args.batch)]
         spawn(__file__, argv, args.ranks)
         summary = _summary(json.loads(out.read_text()), args, time.monotonic() - start, load)
     args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -332,11 +357,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=10, help="alternations of the DDP/control arms")
     parser.add_argument("--block", type=int, default=24, help="micro-batches per timed block at the small batch")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: NCCL, one GPU per rank")
+    parser.add_argument("--hidden", type=int, default=HIDDEN, help="the MLP's hidden width")
+    parser.add_argument("--batch", type=int, default=BATCH, help="samples per rank and step")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, default=RESULT, help="result JSON (default: %(default)s)")
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.device == "cuda" and args.ranks != 1 and not args.worker:
+        parser.error("--device cuda runs one rank: its ranks would share GPU 0, which NCCL refuses")
+    _sizes(args)
     if args.worker:
         worker(args)
     else:
