@@ -73,26 +73,35 @@ PIP = [
     "python -m pip install -q -e .[dev] --config-settings editable_mode=strict",
 ]
 LINT = ["ruff check .", "ruff format --check .", "mypy"]
+UNIT = ["python -m pytest -m unit -n logical --maxprocesses 4 -x -k a b", "REQUIRE="]
+
+
+def tier_run(marker: str) -> list[str]:
+    return [f"python -m pytest -m {marker} -x -k a b", "REQUIRE="]
 
 
 @pytest.mark.parametrize(
-    ("tier", "built", "marker"),
+    ("tier", "built", "tests"),
     [
-        ("unit", [], ["-m", "unit"]),
-        ("cluster", ["install.sh k8s helm kueue"], ["-m", "cluster"]),
-        ("node", ["install.sh k8s node", "build-images.sh", "root=0"], ["-m", "node"]),
-        ("e2e", ["install.sh k8s helm node", "build-images.sh", "root=0"], ["-m", "e2e"]),
-        ("bench", ["install.sh k8s kubeflow node", "build-images.sh", "root=0"], ["-m", "bench"]),
-        ("all", ["install.sh k8s helm kueue kubeflow node", "build-images.sh", "root=0"], []),
+        ("unit", [], UNIT),
+        ("cluster", ["install.sh k8s helm kueue"], tier_run("cluster")),
+        ("node", ["install.sh k8s node", "build-images.sh", "root=0"], tier_run("node")),
+        ("e2e", ["install.sh k8s helm node", "build-images.sh", "root=0"], tier_run("e2e")),
+        ("bench", ["install.sh k8s kubeflow node", "build-images.sh", "root=0"], tier_run("bench")),
+        # The unit tier spread over the cores, then every other test in one process.
+        (
+            "all",
+            ["install.sh k8s helm kueue kubeflow node", "build-images.sh", "root=0"],
+            [*UNIT, *tier_run("not unit")],
+        ),
     ],
 )
 def test_each_tier_builds_only_what_its_tests_use(
-    tmp_path: Path, tier: str, built: list[str], marker: list[str]
+    tmp_path: Path, tier: str, built: list[str], tests: list[str]
 ) -> None:
     done, calls = run_sh(tmp_path, "--tier", tier, "-x", "-k", "a b")
     assert done.returncode == 0, done.stdout + done.stderr
-    pytest_line = "python -m pytest " + " ".join([*marker, "-x", "-k", "a b"])
-    assert calls == [*PIP, *built, *LINT, pytest_line, "REQUIRE="], calls
+    assert calls == [*PIP, *built, *LINT, *tests], calls
 
 
 def test_no_tier_is_the_whole_run_ci_makes(tmp_path: Path) -> None:
@@ -115,9 +124,33 @@ def test_an_unknown_tier_is_refused_before_anything_runs(tmp_path: Path) -> None
     assert "unknown tier 'fast' (expected unit, cluster, node, e2e, bench or all)" in done.stderr
 
 
-def test_pytests_exit_code_is_the_runs(tmp_path: Path) -> None:
-    done, _ = run_sh(tmp_path, "--tier", "unit", PYTEST_EXIT="3")
-    assert done.returncode == 3
+# The venv's python as a stand-in whose pytest runs exit, in turn, with the codes in $EXITS.
+PYTHON_EXITING_IN_TURN = (
+    RECORD.format(name="python")
+    + 'case " $* " in *" pytest "*) code=$(head -n 1 "$EXITS"); sed -i 1d "$EXITS"; exit "$code";; esac\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("tier", "exits", "status"),
+    [
+        ("unit", "3", 3),
+        ("all", "1 0", 1),
+        ("all", "0 1", 1),
+        ("all", "5 0", 0),
+        ("all", "0 5", 0),
+        ("all", "5 5", 5),
+        ("all", "0 0", 0),
+    ],
+)
+def test_pytests_exit_code_is_the_runs(tmp_path: Path, tier: str, exits: str, status: int) -> None:
+    """A full run is two pytest runs (the unit tier, the rest): the first failure is the run's, and
+    nothing collected in one half (a -k that matches one side) is no failure."""
+    repo, env = scratch(tmp_path, "tests/run.sh", **{"venv/bin/python": PYTHON_EXITING_IN_TURN})
+    (tmp_path / "exits").write_text(exits.replace(" ", "\n") + "\n")
+    done, calls = run(repo, env, "bash", "tests/run.sh", "--tier", tier, EXITS=str(tmp_path / "exits"))
+    assert done.returncode == status, done.stdout + done.stderr
+    assert len([call for call in calls if " -m pytest " in call]) == (1 if tier == "unit" else 2), calls
 
 
 # --- .ci/run and the workflows ------------------------------------------------------------------
