@@ -69,7 +69,6 @@ STORE_ERRORS = (RuntimeError, OSError, ValueError)
 PEER_LOST = (
     "Connection closed by peer",
     "Connection reset by peer",
-    "Broken pipe",
     "remote process exited",
     "ncclRemoteError",
 )

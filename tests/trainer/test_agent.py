@@ -272,6 +272,7 @@ def test_a_worker_that_lost_its_peer_is_blamed_only_when_nobody_else_failed(
         ("RuntimeError: [pair.cc:545] Read error [127.0.0.1]:45208: Connection reset by peer.", True),
         ({"message": "DistBackendError: NCCL error: remote process exited or there was a network error"}, True),
         ("Signal 9 (SIGKILL) received by PID 7", False),
+        ({"message": "BrokenPipeError: [Errno 32] Broken pipe"}, False),  # its own stdout, not a peer
         ({"message": "RuntimeError: CUDA out of memory"}, False),
         ({"message": "RuntimeError: Timed out waiting 1800000ms for recv operation to complete"}, False),
         ("", False),
