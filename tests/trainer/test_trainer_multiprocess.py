@@ -69,7 +69,7 @@ def test_shards_disjoint_and_accumulation_matches_big_batch(launcher: Launcher) 
     assert orders[0] != orders[1], "set_epoch must reshuffle"
 
     # DDP was used: its process group still ended with destroy_process_group (see dist.py).
-    assert result["threads_after_teardown"] == ["python"]
+    assert result["threads_after_teardown"] == [], "no thread of c10d outlived the teardown"
     for rank, acc in enumerate(result["accumulation"]):
         assert acc["max_abs_diff"] < 1e-6, (rank, acc)
         # no_sync held for the 3 non-final micro-steps: only the last one all-reduced.
