@@ -4,9 +4,9 @@ on 127.0.0.1 (see tests/support/controlplane.py), started once per session.
 Every test has exactly one tier (tests/support/tiers.py, a plugin registered here). Where the binaries are
 missing the tests that need them are skipped, naming what is missing. With
 KUBETRAIN_REQUIRE_CONTROL_PLANE=1 (set by .ci/run) that skip is a failure instead, and so is
-any other skip of a test of a tier above `unit`: CI cannot pass by skipping them. A module may
-name its own variable in REQUIRE_ENV (the kind scenario: KUBETRAIN_REQUIRE_E2E, which only
-GitHub's e2e workflow can satisfy).
+any other skip of a test of a tier above `unit` and `train` (those may skip, naming a GPU or
+root): CI cannot pass by skipping them. A module may name its own variable in REQUIRE_ENV (the
+kind scenario: KUBETRAIN_REQUIRE_E2E, which only GitHub's e2e workflow can satisfy).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if (
         report.skipped
         and os.environ.get(required) == "1"
-        and tiers_of(item) != ["unit"]
+        and not set(tiers_of(item)) <= tiers.MACHINE_TIERS
         and not hasattr(report, "wasxfail")
     ):
         report.outcome = "failed"

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The README's test command: installs what the chosen tier's tests need (idempotent, cached),
 # then runs lint, types and those tests.
-#   bash tests/run.sh [--tier unit|cluster|node|e2e|bench|all] [pytest args...]
+#   bash tests/run.sh [--tier unit|train|cluster|node|e2e|bench|all] [pytest args...]
 # Each test carries exactly one tier marker (tests/support/tiers.py); a tier builds only its needs:
-#   unit     Python and torch only: pip, nothing built, no root
+#   unit     Python and torch only, no training run: pip, nothing built, no root
+#   train    real multi-process training on this machine: as unit, minutes of CPU more
 #   cluster  + the control plane, helm and Kueue (tests/cluster/install.sh)
 #   node     + as root: the real node (packages, kubelet, CoreDNS) and the images (build-images.sh)
 #   e2e      the node's needs and helm: the end-to-end scenario
 #   bench    + the Kubeflow operator (a benchmark's peer) and, as root, the real node and the images
-#   all      (default, what CI runs through .ci/run) everything, and every test: the unit tier
-#            first, spread over the cores, then the rest in one process
+#   all      (default, what CI runs through .ci/run) everything, and every test: the unit and
+#            train tiers first, spread over the cores, then the rest in one process
 # Without root the node and the images are not built: their tests skip, naming root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,13 +23,13 @@ if [ "${1:-}" = --tier ]; then
   shift 2 || true
 fi
 case $TIER in
-  unit) COMPONENTS=() ;;
+  unit | train) COMPONENTS=() ;;
   cluster) COMPONENTS=(k8s helm kueue) ;;
   node) COMPONENTS=(k8s node) ;;
   e2e) COMPONENTS=(k8s helm node) ;;
   bench) COMPONENTS=(k8s kubeflow node) ;;
   all) COMPONENTS=(k8s helm kueue kubeflow node) ;;
-  *) echo "tests/run.sh: unknown tier '$TIER' (expected unit, cluster, node, e2e, bench or all)" >&2; exit 2 ;;
+  *) echo "tests/run.sh: unknown tier '$TIER' (expected unit, train, cluster, node, e2e, bench or all)" >&2; exit 2 ;;
 esac
 IMAGES=0
 case $TIER in node | e2e | bench | all) IMAGES=1 ;; esac
@@ -63,14 +64,15 @@ ruff format --check .
 step "mypy"
 mypy
 
-# The unit tier's tests wait on processes of their own much of the time: pytest-xdist spreads them
-# over the cores (2 idle cores: 9.0 -> 6.8 min; at most 4 workers, each test may start 5 torch
-# processes). The tiers above share one control plane and one node per session: one process, after.
+# The unit and train tiers' tests wait on processes of their own much of the time: pytest-xdist
+# spreads them over the cores (2 idle cores: 9.0 -> 6.8 min for both; at most 4 workers, each test
+# may start 5 torch processes). The tiers above share one control plane and one node per session:
+# one process, after.
 PARALLEL=(-n "${KUBETRAIN_TEST_WORKERS:-logical}" --maxprocesses 4)
 case $TIER in
-  unit)
-    step "pytest -m unit ${PARALLEL[*]}"
-    exec python -m pytest -m unit "${PARALLEL[@]}" "$@"
+  unit | train)
+    step "pytest -m $TIER ${PARALLEL[*]}"
+    exec python -m pytest -m "$TIER" "${PARALLEL[@]}" "$@"
     ;;
   all) ;;
   *)
@@ -78,12 +80,12 @@ case $TIER in
     exec python -m pytest -m "$TIER" "$@"
     ;;
 esac
-step "pytest -m unit ${PARALLEL[*]}"
+step "pytest -m 'unit or train' ${PARALLEL[*]}"
 unit=0
-python -m pytest -m unit "${PARALLEL[@]}" "$@" || unit=$?
-step "pytest -m 'not unit'"
+python -m pytest -m "unit or train" "${PARALLEL[@]}" "$@" || unit=$?
+step "pytest -m 'not unit and not train'"
 rest=0
-python -m pytest -m "not unit" "$@" || rest=$?
+python -m pytest -m "not unit and not train" "$@" || rest=$?
 # pytest's 5 (nothing collected) in one half is no failure when the other half ran tests.
 for status in "$unit" "$rest"; do
   case $status in 0 | 5) ;; *) exit "$status" ;; esac

@@ -1,6 +1,7 @@
 """The test tiers (tests/support/tiers.py): a test with no tier or two, or a unit test that asks
-for a control plane, stops the collection naming it, whatever `-m` selects; `pytest --markers`
-lists the tiers; under KUBETRAIN_REQUIRE_CONTROL_PLANE=1 a skipped test above `unit` fails.
+for a control plane or is slow, stops the collection naming it, whatever `-m` selects; `pytest
+--markers` lists the tiers; under KUBETRAIN_REQUIRE_CONTROL_PLANE=1 a skipped test above `unit`
+and `train` fails.
 Checked on planted test files run by a pytest of their own, with tests/conftest.py as plugin."""
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ PLANTED = textwrap.dedent(
         pass
 
     @pytest.mark.unit
+    @pytest.mark.slow
+    def test_unit_that_trains():
+        pass
+
+    @pytest.mark.unit
     def test_fine():
         pass
     """
@@ -62,6 +68,7 @@ def test_a_test_without_exactly_one_tier_stops_the_collection(tmp_path: Path, se
         "test_planted.py::test_untiered: no tier",
         "test_planted.py::test_two_tiers: tiers unit, cluster",
         "test_planted.py::test_unit_asking_for_a_control_plane: unit, but uses control_plane",
+        "test_planted.py::test_unit_that_trains: unit, but slow (real multi-process training is the train tier)",
     }, result.stderr
 
 
@@ -89,6 +96,10 @@ SKIPPING = textwrap.dedent(
     @pytest.mark.unit
     def test_unit_skips():
         pytest.skip("not here")
+
+    @pytest.mark.train
+    def test_train_skips():
+        pytest.skip("no GPU")
 
     @pytest.mark.cluster
     def test_cluster_skips():

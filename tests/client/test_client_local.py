@@ -36,7 +36,7 @@ from kubetrain.client import (
 )
 from kubetrain.trainer import lib
 
-pytestmark = [pytest.mark.unit, pytest.mark.slow]
+pytestmark = pytest.mark.train
 
 STEPS = 3
 TIMEOUT = 240  # 2 cores shared with other test runs: torch imports alone can take 10 s

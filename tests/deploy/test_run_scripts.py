@@ -73,7 +73,10 @@ PIP = [
     "python -m pip install -q -e .[dev] --config-settings editable_mode=strict",
 ]
 LINT = ["ruff check .", "ruff format --check .", "mypy"]
-UNIT = ["python -m pytest -m unit -n logical --maxprocesses 4 -x -k a b", "REQUIRE="]
+
+
+def spread(marker: str) -> list[str]:
+    return [f"python -m pytest -m {marker} -n logical --maxprocesses 4 -x -k a b", "REQUIRE="]
 
 
 def tier_run(marker: str) -> list[str]:
@@ -83,16 +86,17 @@ def tier_run(marker: str) -> list[str]:
 @pytest.mark.parametrize(
     ("tier", "built", "tests"),
     [
-        ("unit", [], UNIT),
+        ("unit", [], spread("unit")),
+        ("train", [], spread("train")),
         ("cluster", ["install.sh k8s helm kueue"], tier_run("cluster")),
         ("node", ["install.sh k8s node", "build-images.sh", "root=0"], tier_run("node")),
         ("e2e", ["install.sh k8s helm node", "build-images.sh", "root=0"], tier_run("e2e")),
         ("bench", ["install.sh k8s kubeflow node", "build-images.sh", "root=0"], tier_run("bench")),
-        # The unit tier spread over the cores, then every other test in one process.
+        # The unit and train tiers spread over the cores, then every other test in one process.
         (
             "all",
             ["install.sh k8s helm kueue kubeflow node", "build-images.sh", "root=0"],
-            [*UNIT, *tier_run("not unit")],
+            [*spread("unit or train"), *tier_run("not unit and not train")],
         ),
     ],
 )
@@ -121,7 +125,7 @@ def test_without_root_no_image_is_built(tmp_path: Path) -> None:
 def test_an_unknown_tier_is_refused_before_anything_runs(tmp_path: Path) -> None:
     done, calls = run_sh(tmp_path, "--tier", "fast")
     assert done.returncode == 2 and calls == []
-    assert "unknown tier 'fast' (expected unit, cluster, node, e2e, bench or all)" in done.stderr
+    assert "unknown tier 'fast' (expected unit, train, cluster, node, e2e, bench or all)" in done.stderr
 
 
 # The venv's python as a stand-in whose pytest runs exit, in turn, with the codes in $EXITS.
@@ -144,7 +148,7 @@ PYTHON_EXITING_IN_TURN = (
     ],
 )
 def test_pytests_exit_code_is_the_runs(tmp_path: Path, tier: str, exits: str, status: int) -> None:
-    """A full run is two pytest runs (the unit tier, the rest): the first failure is the run's, and
+    """A full run is two pytest runs (the unit and train tiers, the rest): the first failure is the run's, and
     nothing collected in one half (a -k that matches one side) is no failure."""
     repo, env = scratch(tmp_path, "tests/run.sh", **{"venv/bin/python": PYTHON_EXITING_IN_TURN})
     (tmp_path / "exits").write_text(exits.replace(" ", "\n") + "\n")

@@ -1,9 +1,13 @@
 """A bring-your-own script through `kubetrain run --local`: its snapshots land in the run dir
-through KUBETRAIN_CHECKPOINT_DIR, so a new run dir starts fresh instead of resuming another run."""
+through KUBETRAIN_CHECKPOINT_DIR, so a new run dir starts fresh instead of resuming another run;
+and the bring-your-own-data example reads its dataset from a volume mapped to a local folder."""
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +15,9 @@ from support.jobs import ROOT, training_job, write_job
 from support.local_runs import records, run_cli, start_run, summary
 from support.waiting import wait_for
 
-pytestmark = [pytest.mark.unit, pytest.mark.slow]
+pytestmark = pytest.mark.train
+
+BYO_DATA = ROOT / "examples" / "byo-data.yaml"
 
 
 def test_each_run_dir_keeps_its_own_snapshots(tmp_path: Path) -> None:
@@ -50,3 +56,29 @@ def test_a_script_using_the_library_stop_saves_the_step_it_stopped_at(tmp_path: 
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     starts = [r for r in records(run_dir) if r["event"] == "start"]
     assert starts[-1]["step"] == saved["step"] and starts[-1]["resumed_from"] == saved["path"], "0 steps lost"
+
+
+def test_byo_data_example_reads_its_dataset_from_the_volume(tmp_path: Path) -> None:
+    dataset = tmp_path / "dataset"
+    writer = [sys.executable, str(ROOT / "examples" / "byo_data_train.py"), "--write-dataset", str(dataset)]
+    subprocess.run(writer, check=True, capture_output=True, timeout=120)
+    run_dir = tmp_path / "run"
+    # One node reads the mapped volume as any would, at half the processes of the example's two.
+    done = run_cli(
+        "run",
+        str(BYO_DATA),
+        "--local",
+        "--nodes",
+        "1",
+        "--volume",
+        f"dataset={dataset}",
+        "--run-dir",
+        str(run_dir),
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    mounts = json.loads((run_dir / "local-volumes.json").read_text())["mounts"]
+    assert mounts == [{"mountPath": "/data", "volume": "dataset", "local": str(dataset.resolve())}]
+    start = next(r for r in records(run_dir) if r["event"] == "start")
+    assert start["data"] == str(dataset.resolve() / "digits.csv") and start["samples"] == 1797
+    assert any(r["event"] == "done" for r in records(run_dir))

@@ -19,8 +19,7 @@ from support.local_runs import final_state, records, run_status, start_run, summ
 from support.waiting import wait_for
 
 pytestmark = [
-    pytest.mark.unit,
-    pytest.mark.slow,
+    pytest.mark.train,
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
 ]

@@ -13,7 +13,7 @@ from support.workloads import hang_rank1
 
 from kubetrain.operator.status import get_condition
 
-pytestmark = [pytest.mark.unit, pytest.mark.slow]
+pytestmark = pytest.mark.train
 
 SCRIPT = Path(inspect.getfile(hang_rank1))
 HANG_LINE = next(n for n, line in enumerate(SCRIPT.read_text().splitlines(), 1) if "the culprit's line" in line)

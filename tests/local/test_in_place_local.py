@@ -11,7 +11,7 @@ import torch
 from support.jobs import digits_job, write_job
 from support.local_runs import final_state, records, run_status, start_run, summary
 
-pytestmark = [pytest.mark.unit, pytest.mark.slow]
+pytestmark = pytest.mark.train
 
 # 3 epochs of 22 steps; checkpoints at 20, 22 (epoch end), 40, 44, ...; node 1's worker is
 # SIGKILLed after step 30, so the gang resumes from step 22.

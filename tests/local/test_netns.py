@@ -12,7 +12,7 @@ from support.jobs import digits_job, fake_job, write_job
 from support.local_runs import is_root, records, start_run, summary
 
 pytestmark = [
-    pytest.mark.unit,
+    pytest.mark.train,
     pytest.mark.skipif(not is_root() or shutil.which("ip") is None, reason="--netns needs root and iproute2's `ip`"),
 ]
 
@@ -56,7 +56,6 @@ def test_nodes_get_their_own_addresses(tmp_path: Path) -> None:
     assert namespaces() == before, "namespaces left behind"
 
 
-@pytest.mark.slow
 def test_training_across_namespaces(tmp_path: Path) -> None:
     proc = start_run(write_job(tmp_path, digits_job(maxSteps=30)), tmp_path / "run", "--netns")
     out, _ = proc.communicate(timeout=300)

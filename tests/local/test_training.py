@@ -17,7 +17,7 @@ from support.jobs import DIGITS_CPU, digits_job, write_job
 from support.local_runs import alive, final_state, records, run_cli, run_status, start_run, summary
 from support.waiting import wait_for
 
-pytestmark = [pytest.mark.unit, pytest.mark.slow]
+pytestmark = pytest.mark.train
 
 
 def test_readme_first_command_trains_the_cpu_example(tmp_path: Path) -> None:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.jobs import write_job
-from support.local_runs import records, run_cli
+from support.local_runs import run_cli
 
 from kubetrain.api.models import TrainingJob
 from kubetrain.local.plan import NodeProcess
@@ -199,30 +198,3 @@ def test_working_dir_empty_dir_and_host_path_through_real_processes(tmp_path: Pa
     for rank in (0, 1):
         assert (run_dir / "volumes" / "work" / f"copy-{rank}.txt").read_text() == "payload"
     assert "/work -> " in done.stdout and "workingDir /work -> " in done.stdout
-
-
-@pytest.mark.slow
-def test_byo_data_example_reads_its_dataset_from_the_volume(tmp_path: Path) -> None:
-    dataset = tmp_path / "dataset"
-    writer = [sys.executable, str(ROOT / "examples" / "byo_data_train.py"), "--write-dataset", str(dataset)]
-    subprocess.run(writer, check=True, capture_output=True, timeout=120)
-    run_dir = tmp_path / "run"
-    # One node reads the mapped volume as any would, at half the processes of the example's two.
-    done = run_cli(
-        "run",
-        str(BYO_DATA),
-        "--local",
-        "--nodes",
-        "1",
-        "--volume",
-        f"dataset={dataset}",
-        "--run-dir",
-        str(run_dir),
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    mounts = json.loads((run_dir / "local-volumes.json").read_text())["mounts"]
-    assert mounts == [{"mountPath": "/data", "volume": "dataset", "local": str(dataset.resolve())}]
-    start = next(r for r in records(run_dir) if r["event"] == "start")
-    assert start["data"] == str(dataset.resolve() / "digits.csv") and start["samples"] == 1797
-    assert any(r["event"] == "done" for r in records(run_dir))

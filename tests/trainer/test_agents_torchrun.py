@@ -19,7 +19,7 @@ from support.waiting import wait_for
 from kubetrain.api.contract import ATTEMPT_FILE_ENV
 from kubetrain.local.localize import SITE_DIR
 
-pytestmark = [pytest.mark.unit, pytest.mark.slow]
+pytestmark = pytest.mark.train
 
 # Rank 1 exits 3. Rank 0 waits until rank 1 is dead (a zombie, or reaped), then exits 4 0.3 s later
 # on its own: more than an agent's thread can lag behind a death on a loaded machine. Node 0's agent

@@ -15,7 +15,7 @@ from support.trainer_runs import Launcher
 
 from kubetrain.trainer.stopping import VOTE_INTERVAL_S
 
-pytestmark = [pytest.mark.unit, pytest.mark.slow]
+pytestmark = pytest.mark.train
 
 CHECKS = [str(Path(__file__).with_name("stop_vote_checks.py"))]
 

@@ -2,7 +2,7 @@
 all-reduce while it is in flight, then tear down.
 
 - With the torch the tests and the trainer image use, `destroy_process_group()` returns and so does
-  the built-in trainer's exit (barrier, then `os._exit`): the unit tier runs this.
+  the built-in trainer's exit (barrier, then `os._exit`): the train tier runs this.
 - With torch 2.7.1, the image's torch before issue #22, `destroy_process_group()` deadlocks in
   `~ProcessGroupGloo()` every time, with the stacks of the issue, while the trainer's exit still
   returns. That venv is ~3 GB of CUDA wheels, too heavy for CI, so the test runs only where it
@@ -22,7 +22,7 @@ import pytest
 from support.benchmarks import run_benchmark
 from support.controlplane import cache_dir
 
-pytestmark = [pytest.mark.unit, pytest.mark.slow]
+pytestmark = pytest.mark.train
 ROOT = Path(__file__).resolve().parents[2]
 OLD_TORCH = cache_dir() / "venv-torch-2.7.1" / "bin" / "python"
 

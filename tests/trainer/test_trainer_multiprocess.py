@@ -15,7 +15,7 @@ from support.trainer_runs import ROOT, Launcher, records
 
 from kubetrain.trainer.checkpoint import Checkpointer, complete_checkpoints, latest_checkpoint, read_checkpoint
 
-pytestmark = [pytest.mark.unit, pytest.mark.slow]
+pytestmark = pytest.mark.train
 
 TRAIN = ["-m", "kubetrain.trainer", "train"]
 PREFLIGHT = ["-m", "kubetrain.trainer", "preflight"]
