@@ -328,10 +328,13 @@ def test_a_rolling_restart_of_the_operator_leaves_training_alone(
                 "rollout", "status", f"deployment/{RELEASE}", "-n", OPERATOR_NS, "--timeout=600s", timeout=620
             )  # fmt: skip
             rollout = time.monotonic() - started
-            new_leader = wait_for(lambda: (h := lease_holder(run)) in operator_pods(run) and h, 60, "a new leader")
             # `rollout status` returns once the new pods are available; the old ones may still be
-            # terminating (handing the Lease over, then their grace period).
+            # terminating, and the last of them may still hold the Lease (a loaded CI run saw the
+            # old leader's name here): the new leader is one of the new pods, once the old are gone.
             wait_for(lambda: not set(operator_pods(run)) & old_pods, 180, "the old operator pods gone", interval=1)
+            new_leader = wait_for(
+                lambda: (h := lease_holder(run)) in set(operator_pods(run)) - old_pods and h, 60, "a new pod leading"
+            )
         assert new_leader != first_leader
         assert run.job(job)["status"].get("phase") == "Running", "the job finished before the rollout did"
     with run.diagnose.step(f"{job} Succeeded with the same pods and no restart", job=job):
