@@ -1,5 +1,5 @@
-"""The test tiers (tests/support/tiers.py): a test with no tier or two, or a unit test that asks
-for a control plane or is slow, stops the collection naming it, whatever `-m` selects; `pytest
+"""The test tiers (tests/support/tiers.py): a test with no tier or two, a unit or train test that
+asks for a control plane, or a slow unit test, stops the collection naming it, whatever `-m` selects; `pytest
 --markers` lists the tiers; under KUBETRAIN_REQUIRE_CONTROL_PLANE=1 a skipped test above `unit`
 and `train` fails.
 Checked on planted test files run by a pytest of their own, with tests/conftest.py as plugin."""
@@ -39,6 +39,10 @@ PLANTED = textwrap.dedent(
     def test_unit_that_trains():
         pass
 
+    @pytest.mark.train
+    def test_train_asking_for_a_namespace(namespace):
+        pass
+
     @pytest.mark.unit
     def test_fine():
         pass
@@ -69,6 +73,7 @@ def test_a_test_without_exactly_one_tier_stops_the_collection(tmp_path: Path, se
         "test_planted.py::test_two_tiers: tiers unit, cluster",
         "test_planted.py::test_unit_asking_for_a_control_plane: unit, but uses control_plane",
         "test_planted.py::test_unit_that_trains: unit, but slow (real multi-process training is the train tier)",
+        "test_planted.py::test_train_asking_for_a_namespace: train, but uses control_plane, kube_api, namespace",
     }, result.stderr
 
 

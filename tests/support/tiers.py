@@ -13,9 +13,9 @@ and `bash tests/run.sh --tier TIER` run it with only what that tier needs built:
 
 `slow` (real multi-process training) is not a tier: the tiers above `train` add it where they
 train, so that `-m "cluster and not slow"` leaves those out; a `unit` test marked `slow` belongs
-to `train`. A test with no tier or two, a unit test that asks for a control-plane fixture, or a
-slow one, stops the collection with its name: before `-m` deselects anything, so every run
-checks the whole selection it was given.
+to `train`. A test with no tier or two, a unit or train test that asks for a control-plane
+fixture, or a slow unit test, stops the collection with its name: before `-m` deselects
+anything, so every run checks the whole selection it was given.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def problems(items: list[pytest.Item]) -> list[str]:
         tiers = tiers_of(item)
         if len(tiers) != 1:
             found.append(f"{item.nodeid}: {'no tier' if not tiers else 'tiers ' + ', '.join(tiers)}")
-        elif tiers == ["unit"] and (fixtures := sorted(CONTROL_PLANE_FIXTURES & set(item.fixturenames))):
-            found.append(f"{item.nodeid}: unit, but uses {', '.join(fixtures)}")
+        elif tiers[0] in MACHINE_TIERS and (fixtures := sorted(CONTROL_PLANE_FIXTURES & set(item.fixturenames))):
+            found.append(f"{item.nodeid}: {tiers[0]}, but uses {', '.join(fixtures)}")
         elif tiers == ["unit"] and item.get_closest_marker("slow") is not None:
             found.append(f"{item.nodeid}: unit, but slow (real multi-process training is the train tier)")
     return found
