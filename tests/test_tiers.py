@@ -1,8 +1,8 @@
 """The test tiers (tests/support/tiers.py): a test with no tier or two, a unit or train test that
-asks for a control plane, or a slow unit test, stops the collection naming it, whatever `-m` selects; `pytest
---markers` lists the tiers; under KUBETRAIN_REQUIRE_CONTROL_PLANE=1 a skipped test above `unit`
-and `train` fails.
-Checked on planted test files run by a pytest of their own, with tests/conftest.py as plugin."""
+asks for a control plane, or a slow unit test, stops the collection naming it, whatever `-m`
+selects; `pytest --markers` lists the tiers; under KUBETRAIN_REQUIRE_CONTROL_PLANE=1 a skipped
+test above `unit` and `train` fails. Checked on planted test files run by a pytest of their own,
+with tests/conftest.py as plugin."""
 
 from __future__ import annotations
 
