@@ -11,13 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.jobs import ROOT, training_job, write_job
+from support.jobs import BYO_DATA, ROOT, training_job, write_job
 from support.local_runs import records, run_cli, start_run, summary
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.train
-
-BYO_DATA = ROOT / "examples" / "byo-data.yaml"
 
 
 def test_each_run_dir_keeps_its_own_snapshots(tmp_path: Path) -> None:

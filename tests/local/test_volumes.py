@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.jobs import write_job
+from support.jobs import BYO_DATA, write_job
 from support.local_runs import run_cli
 
 from kubetrain.api.models import TrainingJob
@@ -16,9 +16,6 @@ from kubetrain.local.plan import NodeProcess
 from kubetrain.local.volumes import NO_CHOICES, LocalChoices, UnmappableError, plan_volumes
 
 pytestmark = pytest.mark.unit
-
-ROOT = Path(__file__).resolve().parent.parent.parent
-BYO_DATA = ROOT / "examples" / "byo-data.yaml"
 
 
 def job(template: dict[str, Any], **spec: Any) -> TrainingJob:

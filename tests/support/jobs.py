@@ -14,6 +14,7 @@ from kubetrain.api.models import TrainingJob
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS_CPU = ROOT / "examples" / "digits-cpu.yaml"
+BYO_DATA = ROOT / "examples" / "byo-data.yaml"
 
 BASE_JOB: dict[str, Any] = {
     "apiVersion": "kubetrain.dev/v1alpha1",

@@ -15,7 +15,6 @@ from kubetrain.api.records import parse_record
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBETRAIN = str(Path(sys.executable).parent / "kubetrain")
-DIGITS_CPU = ROOT / "examples" / "digits-cpu.yaml"
 T = TypeVar("T")
 
 
