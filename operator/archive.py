@@ -23,7 +23,8 @@ When (`plan`), for each pod of ours with the finalizer:
   * being deleted, its trainer container has terminated: archive the tail, then release;
   * being deleted while the container still runs (it is handling SIGTERM): capture, i.e.
     follow its log, so that its very last lines (the checkpoint written on SIGTERM, a
-    traceback) are kept even if the kubelet removes the container before the next read;
+    traceback) are kept even if the kubelet removes the container before the next read (a
+    pod the operator deletes itself is followed before the delete: archive_io.follow_before_delete);
   * final, whatever the container says: the kubelet's own last delete (grace 0, after the
     containers stopped; or a forced delete), or RELEASE_MARGIN_SECONDS past the end of the
     grace period (the kubelet or its node is gone): archive what can be read, then release;

@@ -28,6 +28,10 @@ log = logging.getLogger("kubetrain.operator")
 # A followed log whose container has exited ends at once; its last bytes may still be on their way
 # when the exit is reported, so a capture is waited for this long before it is used.
 CAPTURE_DRAIN_SECONDS = 5.0
+# A pod the operator deletes is deleted once its log stream is open, or after this long: the
+# kubelet sends a stream's headers with its first bytes, so a pod that has logged nothing yet
+# waits this long (and was followed anyway).
+CAPTURE_OPEN_SECONDS = 5.0
 
 
 class Captures:
@@ -39,26 +43,32 @@ class Captures:
         self.kube = kube
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.texts: dict[str, bytearray] = {}
+        self.opened: dict[str, asyncio.Event] = {}
         # Pods (uids) whose tail is kept: a later pass that still sees one (a cache behind the
         # finalizer's removal) releases it without reading its log again. That read goes by
         # name, and may get less than was kept, or the log of the next pod of the same name.
         self.archived: set[str] = set()
 
-    def follow(self, namespace: str, pod: PodView, budget: int) -> None:
+    def follow(self, namespace: str, pod: PodView, budget: int) -> asyncio.Event:
+        """Follow the pod's log (once per pod): the event is set when the stream is open, or ended."""
         if pod.uid not in self.tasks:
             self.texts[pod.uid] = bytearray()
+            self.opened[pod.uid] = asyncio.Event()
             self.tasks[pod.uid] = asyncio.create_task(self._follow(namespace, pod, budget), name=f"capture-{pod.name}")
+        return self.opened[pod.uid]
 
     async def _follow(self, namespace: str, pod: PodView, budget: int) -> None:
-        kept = self.texts[pod.uid]
+        kept, opened = self.texts[pod.uid], self.opened[pod.uid]
         try:
-            async for chunk in self.kube.stream_log(namespace, pod.name, archive.tail_lines(budget)):
+            async for chunk in self.kube.stream_log(namespace, pod.name, archive.tail_lines(budget), opened):
                 kept += chunk
                 if len(kept) > 2 * budget:
                     del kept[: len(kept) - budget]
         except (ApiError, aiohttp.ClientError, TimeoutError) as error:
             # The read after the container exits is the archive; this is only its fallback.
             log.debug("following the log of %s/%s failed: %s", namespace, pod.name, error)
+        finally:
+            opened.set()
 
     async def finish(self, uid: str, timeout: float = CAPTURE_DRAIN_SECONDS) -> str | None:
         """What was followed of the pod's log, once its stream has ended (the container exited:
@@ -74,6 +84,7 @@ class Captures:
         if task is not None:
             task.cancel()
         self.texts.pop(uid, None)
+        self.opened.pop(uid, None)
 
 
 @dataclass
@@ -127,6 +138,20 @@ async def archive_logs(
         await _keep(kube, job, namespace, uid, attempt, read.get(attempt, {}), notes.get(attempt, {}))
     captures.archived.update(pod.uid for pod in due)
     return done
+
+
+async def follow_before_delete(captures: Captures, job: TrainingJob, namespace: str, pods: Sequence[PodView]) -> None:
+    """The operator is about to delete these pods (a gang restart, a suspend, cleanPodPolicy):
+    follow the log of each whose trainer has run, and return once every stream is open (or
+    CAPTURE_OPEN_SECONDS passed). The kubelet removes a deleted pod's container, and its log, as soon as it
+    has stopped: a trainer that exits at once on SIGTERM is gone before a read after its exit,
+    or a follow begun when the watch shows the deletion, could reach it."""
+    budget = archive.node_budget(job.spec.nodes)
+    waits = [asyncio.create_task(captures.follow(namespace, pod, budget).wait()) for pod in pods if pod.has_run]
+    if waits:
+        _, late = await asyncio.wait(waits, timeout=CAPTURE_OPEN_SECONDS)
+        for wait in late:  # its stream goes on; only the wait for it ends
+            wait.cancel()
 
 
 async def archive_in_place(

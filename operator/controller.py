@@ -351,6 +351,9 @@ class Controller:
             decision.status = progress.fold_checkpoints(decision.status, text)
         if kept.look_again is not None:
             decision.requeue(max(kept.look_again, 1.0))
+        # The pods this pass deletes: their logs are followed first, or a fast exit loses them.
+        doomed = {uid for _, uid in decision.delete_pods} - state.expectations.deletions
+        await archive_io.follow_before_delete(self.captures, job, key[0], [p for p in pods if p.uid in doomed])
         try:
             return await self._apply(key, state, job, decision, admission.flavors, kept.release)
         except Conflict:

@@ -498,16 +498,21 @@ class Kube:
         data = await self._request("GET", _core(namespace, "pods", pod) + "/log", query=query, side=True)
         return data.decode("utf-8", errors="replace")
 
-    async def stream_log(self, namespace: str, pod: str, tail_lines: int) -> AsyncIterator[bytes]:
+    async def stream_log(
+        self, namespace: str, pod: str, tail_lines: int, opened: asyncio.Event | None = None
+    ) -> AsyncIterator[bytes]:
         """The trainer's log from its last `tail_lines` lines on, as it is written, until the
         container exits (pods/log?follow=true): on the watch connections, which have no total
-        timeout."""
+        timeout. `opened` is set once the kubelet answered: from then on the stream has the log
+        even if the container is removed."""
         session = self._watch_session_now()
         query = {"container": naming.CONTAINER_NAME, "tailLines": str(tail_lines), "follow": "true"}
         url = self.configuration.host + _core(namespace, "pods", pod) + "/log"
         async with session.get(url, params=query, headers=self._headers()) as response:
             if response.status >= 400:
                 raise ApiError(response.status, await response.read())
+            if opened is not None:
+                opened.set()
             async for chunk in response.content.iter_any():
                 yield chunk
 

@@ -265,3 +265,49 @@ def test_the_last_lines_of_a_pod_stopped_by_a_gang_restart_outlive_its_container
         cluster.delete_job("sigterm")
         no_pods_left(cluster, "sigterm", 120)
         assert node.errors == []
+
+
+# As STOPPING, but each node exits the moment SIGTERM comes, as a trainer that has little to save
+# does: no read after the stop, and no follow begun once the pod is seen deleted, can keep its log.
+QUICK = STOPPING.replace("time.sleep(3)", "pass")
+
+
+@pytest.mark.parametrize("stop", ["suspend", "gang restart"])
+def test_the_log_of_a_pod_the_operator_deletes_is_kept_however_fast_it_stops(
+    crds_installed: ControlPlane, cluster: Cluster, operator: OperatorProcess, tmp_path: Path, stop: str
+) -> None:
+    """The operator deletes the pods itself (the job suspended; node 0 in a gang restart after
+    node 1 was deleted): it follows each one's log before it asks for the delete, so its last
+    line is kept though the node serves no log of a pod once it is being deleted (only streams
+    opened before go on) and removes it the moment the container has stopped."""
+    ns = cluster.namespace
+    assert "time.sleep(3)" not in QUICK
+    with ProcessNode(
+        crds_installed.api_client,
+        namespaces=[ns],
+        workdir=tmp_path / "node",
+        remove_deleted_logs=True,
+        no_log_once_deleted=True,
+    ) as node:
+        cluster.create_job("quick", nodes=2, command=[sys.executable, "-c", QUICK])
+        cluster.wait_job("quick", has_condition("Running"), "Running", 60)
+        for rank in (0, 1):
+            wait_for(lambda rank=rank: "up" in node.logs(ns, f"quick-node-{rank}"), 30, f"node {rank} up")
+        if stop == "suspend":
+            cluster.custom.patch_namespaced_custom_object(
+                naming.GROUP, naming.VERSION, ns, naming.PLURAL, "quick", {"spec": {"runPolicy": {"suspend": True}}}
+            )
+            no_pods_left(cluster, "quick", 60)
+            stopped_by_operator = [0, 1]
+        else:
+            cluster.core.delete_namespaced_pod("quick-node-1", ns)
+            cluster.wait_pods("quick", 2, attempt=1, timeout=90)
+            stopped_by_operator = [0]
+        kept = (archive(cluster, "quick", 0) or {}).get("data") or {}
+        for rank in stopped_by_operator:
+            assert kept.get(f"node-{rank}.log", "").splitlines()[-1:] == [f"node {rank} checkpointed on SIGTERM"], kept
+        done = cluster.wait_job("quick", lambda job: "lastCheckpoint" in job.get("status", {}), "lastCheckpoint", 30)
+        assert done["status"]["lastCheckpoint"]["reason"] == "signal", done["status"]
+        cluster.delete_job("quick")
+        no_pods_left(cluster, "quick", 120)
+        assert node.errors == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -15,8 +16,8 @@ from prometheus_client import REGISTRY
 from support.jobs import valid_job
 
 from kubetrain.api.models import TrainingJob
+from kubetrain.operator import archive_io, podgroup
 from kubetrain.operator import controller as controller_module
-from kubetrain.operator import podgroup
 from kubetrain.operator.controller import LAST_APPLIED, Controller, JobState
 from kubetrain.operator.kube import ApiError, Refused
 from kubetrain.operator.pods import PodView
@@ -51,6 +52,8 @@ class FakeKube:
         self.vanished: set[str] = set()  # created pods a list no longer returns
         self.deleted: list[str] = []
         self.graces: list[int | None] = []
+        self.calls: list[str] = []  # log streams opened and pods deleted, in order
+        self.streams_open = True  # False: a stream's headers never come
 
     async def serves(self, api_version: str, plural: str) -> bool:
         self.discoveries += 1
@@ -83,6 +86,17 @@ class FakeKube:
     async def delete_pod(self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None) -> None:
         self.deleted.append(name)
         self.graces.append(grace_seconds)
+        self.calls.append(f"delete {name}")
+
+    async def stream_log(
+        self, namespace: str, pod: str, tail_lines: int, opened: asyncio.Event | None = None
+    ) -> AsyncIterator[bytes]:
+        """A log followed until the container exits, which it never does here."""
+        self.calls.append(f"follow {pod}")
+        if self.streams_open and opened is not None:
+            opened.set()
+        await asyncio.Event().wait()
+        yield b""
 
     async def list(self, path: str, query: dict[str, str]) -> dict[str, Any]:
         """The pods created and not `vanished`, as the API server would list them."""
@@ -286,6 +300,37 @@ def pod(controller: Controller, rank: int, phase: str, exit_code: int) -> PodVie
     terminated = {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed", "message": ""}
     body["status"] = {"phase": phase, "containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}]}
     return PodView.from_pod(body)
+
+
+def running(controller: Controller, rank: int) -> PodView:
+    """Node `rank`'s pod of attempt 0, its trainer running."""
+    job = TrainingJob.model_validate(controller.jobs[KEY].body)
+    body = render_pod(job, "ns", "job-uid", rank, 0, RenderSettings())
+    body["metadata"].update(uid=f"uid-{rank}", creationTimestamp="2026-01-01T12:00:00Z")
+    state = {"running": {"startedAt": "2026-01-01T12:00:05Z"}}
+    body["status"] = {"phase": "Running", "containerStatuses": [{"name": "trainer", "state": state, "ready": True}]}
+    return PodView.from_pod(body)
+
+
+@pytest.mark.parametrize("streams_open", [True, False])
+def test_the_pods_a_suspend_deletes_have_their_logs_followed_first(
+    monkeypatch: pytest.MonkeyPatch, streams_open: bool
+) -> None:
+    """A trainer that exits at once on SIGTERM has its log removed with its container: each pod's
+    log stream is open before its delete is asked for. A stream that does not open in time
+    (the kubelet answers with the first bytes) holds the delete back only that long."""
+    monkeypatch.setattr(archive_io, "CAPTURE_OPEN_SECONDS", 0.2)
+    controller, kube = make(runPolicy={"suspend": True})
+    kube.streams_open = streams_open
+    controller.jobs[KEY].body["status"] = {"attempt": 0, "replicas": {"active": 2, "ready": 2}}
+    controller.pods = {KEY: [running(controller, 0), running(controller, 1)]}
+    controller.services = {KEY: ["j"]}
+    reconcile(controller)
+    assert sorted(kube.calls[:2]) == ["follow j-node-0", "follow j-node-1"], kube.calls
+    assert sorted(kube.calls[2:]) == ["delete j-node-0", "delete j-node-1"], kube.calls
+    assert kube.statuses[-1]["phase"] == "Suspended"
+    reconcile(controller)  # the deletes are expected: neither followed nor asked for again
+    assert len(kube.calls) == 4, kube.calls
 
 
 def finished(reason: str) -> float:

@@ -100,6 +100,7 @@ class ProcessNode:
         node_name: str = "kubetrain-process-node",
         extra_env: dict[str, str] | None = None,
         remove_deleted_logs: bool = False,
+        no_log_once_deleted: bool = False,
     ) -> None:
         self.api = new_api_client()
         self.core = client.CoreV1Api(self.api)
@@ -110,6 +111,9 @@ class ProcessNode:
         # As a real kubelet does: a deleted pod's containers, and their logs, are removed as soon
         # as they have stopped (before their status reaches anyone). Streams already open go on.
         self.remove_deleted_logs = remove_deleted_logs
+        # The harshest kubelet: a log asked for once its pod is being deleted is not found (the
+        # container removed at once); only a stream opened before the delete goes on.
+        self.no_log_once_deleted = no_log_once_deleted
         self.pods: dict[str, _Pod] = {}
         self.deleted: set[str] = set()  # uids whose deletion this node has confirmed
         self._named: dict[tuple[str, str], _Pod] = {}  # the newest pod of each (namespace, name)
@@ -487,6 +491,8 @@ class ProcessNode:
         if state is None or container not in state.log_offsets:
             return
         path = state.workdir / f"{container}.log"
+        if self.no_log_once_deleted and self._being_deleted(namespace, name, state.uid):
+            raise LookupError(f"pod {namespace}/{name} is being deleted: its containers are gone (no_log_once_deleted)")
         if not path.exists():  # removed, as a kubelet removes a deleted pod's containers
             raise LookupError(f"the log of container {container} of pod {namespace}/{name} is gone")
         with path.open("rb") as log:
@@ -505,6 +511,15 @@ class ProcessNode:
                     return
                 else:
                     time.sleep(POLL_S)
+
+    def _being_deleted(self, namespace: str, name: str, uid: str) -> bool:
+        try:
+            pod = self.core.read_namespaced_pod(name, namespace)
+        except client.ApiException as error:
+            if error.status == 404:
+                return True
+            raise
+        return bool(pod.metadata.uid != uid or pod.metadata.deletion_timestamp)
 
     # --- status --------------------------------------------------------------------------
     def _container_status(self, state: _Pod, name: str, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
