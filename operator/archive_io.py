@@ -21,7 +21,7 @@ import aiohttp
 from kubetrain.api import naming
 from kubetrain.api.models import TrainingJob
 from kubetrain.operator import archive
-from kubetrain.operator.kube import ApiError, Kube, Refused
+from kubetrain.operator.kube import ApiError, Kube, Refused, log_gone
 from kubetrain.operator.pods import PodView
 
 log = logging.getLogger("kubetrain.operator")
@@ -77,7 +77,8 @@ class Captures:
         if task is not None and not task.done():
             await asyncio.wait([task], timeout=timeout)
         kept = self.texts.get(uid)
-        return kept.decode("utf-8", errors="replace") if kept else None
+        # A stream opened once the container was gone holds only the kubelet's notice.
+        return kept.decode("utf-8", errors="replace") if kept and not log_gone(bytes(kept)) else None
 
     def drop(self, uid: str) -> None:
         task = self.tasks.pop(uid, None)

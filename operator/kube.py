@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import socket
 import ssl
 import time
@@ -53,6 +54,17 @@ class ApiError(Exception):
             message = body[:500].decode(errors="replace")
         super().__init__(f"{status}: {message}")
         self.message = message
+
+
+# What the kubelet answers for a container it has removed (a deleted pod's, once stopped): a 200
+# whose body is this one line. It sends the headers before it asks the runtime for the container,
+# so the error can only come as the body (kubelet_pods.go, GetKubeletContainerLogs).
+_LOG_GONE = re.compile(rb"unable to retrieve container logs for \S+")
+
+
+def log_gone(body: bytes) -> bool:
+    """Whether a pods/log answer is the kubelet's notice that the container's log is gone."""
+    return _LOG_GONE.fullmatch(body.strip()) is not None
 
 
 class NotLeader(Exception):
@@ -494,8 +506,12 @@ class Kube:
         return self.watch(_lease_path(namespace, ""), {"fieldSelector": f"metadata.name={name}"}, timeout)
 
     async def read_log(self, namespace: str, pod: str, tail_lines: int) -> str:
+        """The trainer's last `tail_lines` lines. Raises ApiError when there is no log, a
+        container the kubelet has removed included (it answers that one 200: `log_gone`)."""
         query = {"container": naming.CONTAINER_NAME, "tailLines": str(tail_lines)}
         data = await self._request("GET", _core(namespace, "pods", pod) + "/log", query=query, side=True)
+        if log_gone(data):
+            raise ApiError(410, data.strip())
         return data.decode("utf-8", errors="replace")
 
     async def stream_log(

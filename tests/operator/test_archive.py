@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,7 +17,7 @@ from support.jobs import valid_job
 from kubetrain.api import naming
 from kubetrain.api.models import LastCheckpoint, TrainingJob, TrainingJobStatus
 from kubetrain.api.records import fold_checkpoints
-from kubetrain.operator import archive
+from kubetrain.operator import archive, archive_io
 from kubetrain.operator.archive import NODE_BYTES, RELEASE_MARGIN_SECONDS, cut, node_budget
 from kubetrain.operator.controller import Controller, JobState
 from kubetrain.operator.kube import ApiError, Refused
@@ -370,3 +371,45 @@ def test_a_log_that_cannot_be_read_is_said_in_the_archive_and_the_pod_still_goes
     assert kept["node-0.log"] == "ok\n"
     assert kept["node-1.log"].startswith("[kubetrain: the log of pod j-node-1 could not be read when it was deleted")
     assert kube.writes[-2:] == ["release j-node-0", "release j-node-1"]
+
+
+class StreamingKube(ArchiveKube):
+    """As ArchiveKube, and pods/log?follow streams `streams[pod]` then ends (the container exited)."""
+
+    def __init__(self, logs: dict[str, str], streams: dict[str, bytes]) -> None:
+        super().__init__(logs)
+        self.streams = streams
+
+    async def stream_log(
+        self, namespace: str, pod: str, tail_lines: int, opened: asyncio.Event | None = None
+    ) -> AsyncIterator[bytes]:
+        if opened is not None:
+            opened.set()
+        yield self.streams[pod]
+
+
+GONE = b"unable to retrieve container logs for containerd://2dfbfdbbb8d6343290f607fe48ed2106d33\n"
+
+
+@pytest.mark.parametrize(
+    ("streamed", "kept"),
+    [
+        (LOGS["j-node-0"].encode(), LOGS["j-node-0"]),
+        # Opened once the container was gone: the kubelet's notice is no log either.
+        (GONE, "[kubetrain: the log of pod j-node-0 could not be read when it was deleted"),
+    ],
+)
+def test_a_pod_followed_before_its_delete_keeps_what_was_followed(streamed: bytes, kept: str) -> None:
+    """The operator followed node 0 before deleting it; by the read after its exit the kubelet has
+    removed the container (the read fails): the followed log is what the archive keeps."""
+    kube = StreamingKube({}, {"j-node-0": streamed})
+    job = TrainingJob.model_validate(valid_job("j", nodes=2))
+
+    async def scenario() -> dict[str, str]:
+        captures = archive_io.Captures(kube)  # type: ignore[arg-type]
+        await archive_io.follow_before_delete(captures, job, "ns", [view(0, deleted=None)])
+        stopped = view(0, exit_code=143, phase="Failed")
+        await archive_io.archive_logs(kube, captures, job, "ns", "job-uid", [stopped], NOW)  # type: ignore[arg-type]
+        return dict(kube.configmaps["j-attempt-0-logs"]["data"])
+
+    assert asyncio.run(scenario())["node-0.log"].startswith(kept)

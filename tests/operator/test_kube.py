@@ -52,3 +52,29 @@ def test_a_server_error_is_retried() -> None:
 
 def test_an_existing_pod_is_fine() -> None:
     assert create_refused(409, 'pods "j-node-0" already exists') is None
+
+
+@pytest.mark.parametrize(
+    ("body", "gone"),
+    [
+        (b"unable to retrieve container logs for containerd://2dfbfdbbb8d6343290f607fe48ed2106d33\n", True),
+        (b"unable to retrieve container logs for containerd://e788ff6eb312", True),
+        (b'{"event": "step", "step": 3}\nunable to retrieve container logs for containerd://e7\n', False),
+        (b"", False),
+    ],
+)
+def test_the_kubelets_200_for_a_removed_container_is_no_log(body: bytes, gone: bool) -> None:
+    """The kubelet sends a log's headers before it asks the runtime for the container: for one it
+    has removed (a deleted pod's, once stopped) the answer is 200 with one line saying so."""
+    kube = Kube(configuration=None)
+
+    async def answer(*args: Any, **kwargs: Any) -> bytes:
+        return body
+
+    kube._request = answer  # type: ignore[method-assign]
+    if gone:
+        with pytest.raises(ApiError) as error:
+            asyncio.run(kube.read_log("ns", "j-node-0", 100))
+        assert error.value.status == 410 and "unable to retrieve container logs" in str(error.value)
+    else:
+        assert asyncio.run(kube.read_log("ns", "j-node-0", 100)) == body.decode()

@@ -32,8 +32,16 @@ from urllib.parse import parse_qs, urlparse
 from support.kubelet import FakeKubelet
 
 # (namespace, pod, container, tailLines or None, follow) -> the log's bytes, in chunks;
-# LookupError: there is no such log (a 404).
+# LookupError: there is no such log (a 404); ContainerRemoved: the kubelet's 200 saying so.
 LogReader = Callable[[str, str, str, int | None, bool], Iterable[bytes]]
+
+
+class ContainerRemoved(LookupError):
+    """The container, and its log, are gone (a deleted pod's, once stopped). A kubelet has sent
+    the headers by the time it finds out, so it answers 200 with one line (kubelet_pods.go)."""
+
+    def __init__(self, container_id: str) -> None:
+        super().__init__(f"unable to retrieve container logs for {container_id}")
 
 
 class LogServer:
@@ -118,6 +126,8 @@ def _handler(read: LogReader) -> type[http.server.BaseHTTPRequestHandler]:
             try:  # the first chunk before the status line: a missing log is a 404, as a kubelet's
                 chunks = iter(read(parts[1], parts[2], parts[3], int(tail) if tail.isdigit() else None, follow))
                 first = next(chunks, b"")
+            except ContainerRemoved as removed:
+                chunks, first = iter(()), str(removed).encode()
             except LookupError as missing:
                 self.send_error(404, str(missing))
                 return

@@ -56,7 +56,7 @@ from kubetrain.local.processes import ProcessTree, note_groups, stop, subreaper
 
 from .kubelet import node_manifest as _node_manifest
 from .kubelet import now
-from .kubelet_logs import LogServer
+from .kubelet_logs import ContainerRemoved, LogServer
 
 IN_CLUSTER_HOST = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?\.svc(\.[a-z0-9.-]+)?$")
 HEARTBEAT_S = 10.0
@@ -491,10 +491,10 @@ class ProcessNode:
         if state is None or container not in state.log_offsets:
             return
         path = state.workdir / f"{container}.log"
-        if self.no_log_once_deleted and self._being_deleted(namespace, name, state.uid):
-            raise LookupError(f"pod {namespace}/{name} is being deleted: its containers are gone (no_log_once_deleted)")
-        if not path.exists():  # removed, as a kubelet removes a deleted pod's containers
-            raise LookupError(f"the log of container {container} of pod {namespace}/{name} is gone")
+        removed = not path.exists()  # as a kubelet removes a deleted pod's containers
+        if removed or (self.no_log_once_deleted and self._being_deleted(namespace, name, state.uid)):
+            tree = state.procs.get(container)
+            raise ContainerRemoved(f"process://{tree.proc.pid if tree is not None else 0}")
         with path.open("rb") as log:
             log.seek(state.log_offsets[container])
             data = log.read()
