@@ -28,9 +28,9 @@ log = logging.getLogger("kubetrain.operator")
 # A followed log whose container has exited ends at once; its last bytes may still be on their way
 # when the exit is reported, so a capture is waited for this long before it is used.
 CAPTURE_DRAIN_SECONDS = 5.0
-# A pod the operator deletes is deleted once its log stream is open, or after this long: the
-# kubelet sends a stream's headers with its first bytes, so a pod that has logged nothing yet
-# waits this long (and was followed anyway).
+# A pod the operator deletes is deleted once its log stream is open (the kubelet answered; it
+# sends the headers before the first line), or after this long: a kubelet that does not answer
+# (a lost node) holds the delete back no longer.
 CAPTURE_OPEN_SECONDS = 5.0
 
 
@@ -144,9 +144,9 @@ async def archive_logs(
 async def follow_before_delete(captures: Captures, job: TrainingJob, namespace: str, pods: Sequence[PodView]) -> None:
     """The operator is about to delete these pods (a gang restart, a suspend, cleanPodPolicy):
     follow the log of each whose trainer has run, and return once every stream is open (or
-    CAPTURE_OPEN_SECONDS passed). The kubelet removes a deleted pod's container, and its log, as soon as it
-    has stopped: a trainer that exits at once on SIGTERM is gone before a read after its exit,
-    or a follow begun when the watch shows the deletion, could reach it."""
+    CAPTURE_OPEN_SECONDS passed). The kubelet removes a deleted pod's container, and its log,
+    as soon as it has stopped: a trainer that exits at once on SIGTERM is gone before a read
+    after its exit, or a follow begun when the watch shows the deletion, could reach it."""
     budget = archive.node_budget(job.spec.nodes)
     waits = [asyncio.create_task(captures.follow(namespace, pod, budget).wait()) for pod in pods if pod.has_run]
     if waits:
