@@ -427,10 +427,17 @@ class LeaseHistory:
 # --- no step lost to a disruption (#24) -------------------------------------------------------
 
 # Periodic saves off (only epoch ends, every 22 steps): a step is saved at a stop only because
-# the pod was asked to stop. From step 30 rank 0 takes 0.3 s a step (KUBETRAIN_FAULT slow, once
-# per job): the first attempt cannot finish before the disruption, by construction.
+# the pod was asked to stop. From step 30 rank 0 takes 1 s a step (KUBETRAIN_FAULT slow, once
+# per job): the first attempt cannot finish before the disruption, by construction, and the
+# disruption, made once rank 0's own log shows step 31, lands well before the epoch end at 44.
+# (status.progress is read every 15 s: waiting on it, the stop could land on step 44 itself.)
 STOP_AT_OR_AFTER = 31
-HELD = "slow,rank=0,step=30,ms=300"
+HELD = "slow,rank=0,step=30,ms=1000"
+
+
+def rank0_step(run: Scenario, job: str) -> int:
+    """The last step rank 0 logged, read from its pod."""
+    return max((r["step"] for r in run.records(f"{job}-node-0") if r["event"] == "step"), default=0)
 
 
 def zero_loss_job(job: str) -> str:
@@ -473,12 +480,8 @@ def no_step_lost(run: Scenario, how: str) -> None:
     run.cluster.volume(f"{job}-checkpoints")
     with run.diagnose.step(f"{job}: {how} mid-epoch", job=job):
         run.kubectl("apply", "-n", JOB_NS, "-f", "-", input=zero_loss_job(job))
-        wait_for(
-            lambda: (run.job(job).get("status", {}).get("progress") or {}).get("step", 0) >= STOP_AT_OR_AFTER,
-            600,
-            f"{job} past step {STOP_AT_OR_AFTER}",
-            interval=1,
-        )
+        past = f"{job} past step {STOP_AT_OR_AFTER}"
+        wait_for(lambda: rank0_step(run, job) >= STOP_AT_OR_AFTER, 600, past, interval=1)
         disrupt(run, job, how)
     with run.diagnose.step(f"{job}: Succeeded with no step lost", job=job):
         run.kubectl(
