@@ -111,8 +111,9 @@ class ProcessNode:
         # As a real kubelet does: a deleted pod's containers, and their logs, are removed as soon
         # as they have stopped (before their status reaches anyone). Streams already open go on.
         self.remove_deleted_logs = remove_deleted_logs
-        # The harshest kubelet: a log asked for once its pod is being deleted is not found (the
-        # container removed at once); only a stream opened before the delete goes on.
+        # The harshest kubelet: a log asked for once its pod is being deleted gets the answer of
+        # a removed container (200, one line: ContainerRemoved); only a stream opened before the
+        # delete goes on.
         self.no_log_once_deleted = no_log_once_deleted
         self.pods: dict[str, _Pod] = {}
         self.deleted: set[str] = set()  # uids whose deletion this node has confirmed
