@@ -108,10 +108,14 @@ def held_failure(held: GangFailure, pod: PodView | None, pod_name: str) -> Failu
     )
 
 
-def in_place_timeout_failure(attempt: int, detected: datetime, timeout: timedelta, now: datetime) -> Failure:
+def in_place_timeout_failure(
+    attempt: int, detected: datetime, timeout: timedelta, now: datetime, waiting_on: str
+) -> Failure:
+    """`waiting_on`: the attempt's timeline's words for what it was still waiting on (which
+    torchrun agents had not restarted their workers, or rank 0's rendezvous)."""
     message = (
         f"attempt {attempt}, restarted in place at {stamp(detected)}, did not complete its rendezvous within "
-        f"{int(timeout.total_seconds())} s (rank 0 recorded none); the gang is recreated"
+        f"{int(timeout.total_seconds())} s (waiting on {waiting_on}); the gang is recreated"
     )
     return Failure(attempt=attempt, reason=IN_PLACE_TIMEOUT_REASON, message=message, time=now)
 

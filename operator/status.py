@@ -321,7 +321,8 @@ def _in_place_overdue(run: _Pass) -> Problem | None:
     if run.now < due:
         run.decision.requeue((due - run.now).total_seconds())
         return None
-    return in_place_timeout_failure(line.attempt, line.detected_at, timeout, run.now), ()
+    waited = timeline.waiting_on(line, run.current, run.job.spec.nodes)
+    return in_place_timeout_failure(line.attempt, line.detected_at, timeout, run.now, waited), ()
 
 
 def _vanished(run: _Pass, deleted: list[PodView]) -> list[PodView]:

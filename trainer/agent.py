@@ -21,6 +21,8 @@ kubetrain.trainer.torchrun_hooks when torch's agent is imported, this makes the 
    `decide`: counted, judged by the failure policy), applied by relabelling the living pods;
    then start the workers as that attempt. The file moving on while the workers run (the
    operator restarting a stalled gang) stops them and starts the new attempt the same way.
+   The first agent whose file names it relays it through the store, so a pod whose kubelet
+   refreshes its file late does not hold the gang back.
 
 Where the decision is not an in-place restart (a FailJob rule, no restarts left, a pod lost)
 the pods are deleted and the agent ends with them. The agents never restart on their own.
@@ -50,6 +52,7 @@ from kubetrain.trainer import reach, warmstart
 log = logging.getLogger("kubetrain.agent")
 
 POLL_S = 0.05  # how often a holding agent reads the attempt file
+HOLD_REPORT_S = 10.0  # how often a holding agent says it still waits
 # How long a stopped agent waits for the others to register before it reports alone. Every agent
 # registers within a monitor interval (0.1 s) or two, so the wait ends long before this; it runs
 # out only where an agent is gone (its pod is failing anyway) or a loaded node lags by seconds.
@@ -231,8 +234,8 @@ class InPlace:
         self.readiness.serve()
         if result.state == states.SUCCEEDED:
             return result
-        newer = read_attempt(self.path)
-        if newer is not None and newer > self.attempt:
+        newer = self._ordered(group.store)
+        if newer is not None:
             log.warning("attempt %d ordered while attempt %d runs: restarting the workers", newer, self.attempt)
             self.readiness.close()
             stop(agent, group)
@@ -252,7 +255,7 @@ class InPlace:
         failure = self._consolidate(group)
         if failure is not None:
             emit("failure", attempt=self.attempt, reported_by=group.group_rank, **failure)
-        return self._start(agent, group, self._hold(), result)
+        return self._start(agent, group, self._hold(group.store), result)
 
     def _start(self, agent: Any, group: Any, attempt: int, result: Any) -> Any:
         self.attempt = attempt
@@ -315,12 +318,47 @@ class InPlace:
         first = min(failed, key=lambda e: (bool(e.get("consequence")), e["time"], e["node"]))
         return {key: first[key] for key in ("time", "node", "rank", "exit_code", "reason", "message")}
 
-    def _hold(self) -> int:
+    def _ordered(self, store: Any) -> int | None:
+        """The attempt after this one once the operator ordered it: named by this pod's attempt
+        file (then relayed to the other agents through the store), or relayed by another agent
+        whose file named it first. Each pod's file is refreshed by its own kubelet, on that
+        kubelet's schedule: within a second as a rule, but a volume refresh may wait for the
+        pod's next periodic sync (a minute or more), and one late pod would hold the whole gang."""
+        relay = self._key("next")
+        named = read_attempt(self.path)
+        if named is not None and named > self.attempt:
+            with contextlib.suppress(*STORE_ERRORS):
+                store.set(relay, str(named))
+            return named
+        try:
+            relayed = int(store.get(relay)) if store.check([relay]) else None
+        except STORE_ERRORS:
+            return None
+        if relayed is not None and relayed > self.attempt:
+            log.warning(
+                "attempt %d named by another node's agent; this pod's attempt file still says %s", relayed, named
+            )
+            return relayed
+        return None
+
+    def _hold(self, store: Any) -> int:
         log.warning("attempt %d of the gang stopped; waiting for %s to name the next", self.attempt, ATTEMPT_FILE_ENV)
+        started = report = time.monotonic()
         while True:
-            attempt = read_attempt(self.path)
-            if attempt is not None and attempt > self.attempt:
+            attempt = self._ordered(store)
+            if attempt is not None:
                 return attempt
+            if time.monotonic() - report >= HOLD_REPORT_S:
+                # The operator decides within seconds of the failure record: a wait this long
+                # means its decision (or this pod's attempt file) is late; say so where it shows.
+                report = time.monotonic()
+                log.warning(
+                    "attempt %d of the gang stopped %.0f s ago; no next attempt named yet (%s says %s)",
+                    self.attempt,
+                    report - started,
+                    ATTEMPT_FILE_ENV,
+                    read_attempt(self.path),
+                )
             time.sleep(POLL_S)
 
 

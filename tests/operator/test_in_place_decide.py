@@ -146,13 +146,19 @@ def test_pods_still_labelled_with_the_attempt_before_are_moved_again() -> None:
 def test_an_in_place_attempt_that_does_not_rendezvous_in_time_is_recreated() -> None:
     job, pods = gang()
     job = advance(job, step(job, holding(pods), NOW))
-    moved = [pod_view(job, r, attempt=1, phase="Running", node=f"n{r}") for r in range(3)]
+    # Node 1's agent never restarted its workers (its pod stayed NotReady).
+    moved = [pod_view(job, r, attempt=1, phase="Running", node=f"n{r}", ready=r != 1) for r in range(3)]
     waiting = step(job, moved, NOW + timedelta(seconds=59))
     assert not waiting.delete_pods and waiting.requeue_after == pytest.approx(1, abs=0.5)
     d = step(job, moved, NOW + timedelta(seconds=61))
     assert sorted(d.delete_pods) == sorted((p.name, p.uid) for p in moved) and not d.restart_in_place
     last = (d.status.failures or [])[-1]
     assert last.reason == "InPlaceRestartTimedOut" and "did not complete its rendezvous within 60 s" in last.message
+    # It says where the attempt stood: the clue to why, on the status a user reads.
+    assert "waiting on workers: the torchrun agents of node 1 have not restarted their workers" in last.message
+    ready = [replace(p, ready=True) for p in moved]
+    late = (step(job, ready, NOW + timedelta(seconds=61)).status.failures or [])[-1]
+    assert "waiting on rendezvous: rank 0 has not joined its process group" in late.message, late.message
     assert message_of(d, "Restarting").startswith("attempt 1 failed (InPlaceRestartTimedOut): attempt 1, restarted")
     assert (d.status.attempt, d.status.restarts, d.status.uncounted_restarts) == (2, 1, 1), "not counted twice"
     assert d.status.timeline is not None and d.status.timeline.start == "Recreate"

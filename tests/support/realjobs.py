@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,6 +161,22 @@ class RealJobs:
             for p in json.loads(out.stdout)["items"]
             if not p["metadata"].get("deletionTimestamp")
         }
+
+    def logs(self, name: str, attempt: int) -> str:
+        """Every node's log of `attempt` as `kubetrain logs` prints it (from the pods, else the
+        attempt's archive), with what it said on stderr: for an assertion's message."""
+        args = [
+            str(Path(sys.executable).parent / "kubetrain"),
+            "logs",
+            name,
+            "-n",
+            self.namespace,
+            "--attempt",
+            str(attempt),
+        ]
+        env = {**os.environ, "KUBECONFIG": str(self.node.cp.kubeconfig)}
+        done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120, check=False)
+        return done.stdout + done.stderr
 
     def delete(self, name: str) -> None:
         self.kubectl("delete", "tj", name, "-n", self.namespace, "--wait=false", check=False)

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -296,6 +297,47 @@ def test_a_report_does_not_wait_for_an_agent_that_never_registers(
     assert report is not None and report["exit_code"] == 2 and time.monotonic() - started < 2
 
 
+def test_the_next_attempt_is_relayed_to_an_agent_whose_attempt_file_is_late(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 0's kubelet refreshed its pod's attempt file; node 1's has not yet (a volume refresh
+    may wait for the kubelet's next periodic sync). Node 1's agent learns the attempt from node
+    0's through the store they share, and only for the attempt that stopped."""
+    files = [tmp_path / "attempt-0", tmp_path / "attempt-1"]
+    agents = []
+    for path in files:
+        path.write_text("0")
+        monkeypatch.setenv("KUBETRAIN_ATTEMPT_FILE", str(path))
+        agents.append(InPlace())
+    store = Store()
+    assert [a._ordered(store) for a in agents] == [None, None], "nothing ordered yet"
+    files[0].write_text("1")
+    assert agents[1]._ordered(store) is None, "not before an agent read it"
+    assert agents[0]._ordered(store) == 1
+    assert agents[1]._ordered(store) == 1, "relayed: its own file still says 0"
+    assert agents[1]._hold(store) == 1
+    # The relay names the attempt after 0 only: an agent already on attempt 1 waits for its own.
+    agents[1].attempt = 1
+    assert agents[1]._ordered(store) is None
+
+
+def test_a_holding_agent_says_how_long_it_has_waited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "attempt"
+    path.write_text("0")
+    monkeypatch.setenv("KUBETRAIN_ATTEMPT_FILE", str(path))
+    monkeypatch.setattr(agent, "HOLD_REPORT_S", 0.1)
+    one = InPlace()
+    store = Store()
+    later = threading.Timer(0.5, lambda: path.write_text("1"))
+    later.start()
+    with caplog.at_level("WARNING", logger="kubetrain.agent"):
+        assert one._hold(store) == 1
+    waits = [r.getMessage() for r in caplog.records if "no next attempt named yet" in r.getMessage()]
+    assert waits and "KUBETRAIN_ATTEMPT_FILE says 0" in waits[0], waits
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -307,7 +349,6 @@ def test_a_node_waits_for_node0_at_a_fixed_interval_before_torch_connects() -> N
     """torchrun's static rendezvous, patched: node 1 polls node 0's address every 0.1 s and only
     then lets torch's store client connect (which backs off with growing gaps on its own)."""
     import datetime
-    import threading
     import types
 
     port = _free_port()
