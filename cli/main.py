@@ -172,7 +172,7 @@ def logs(
     """Print every node's log of one attempt of a TrainingJob from the cluster.
 
     Each line starts with its node (node-0, node-1, ...) as `kubetrain run --local` shows it;
-    with -f with its attempt too ([attempt 1 node-0]). A node's log comes from its pod while
+    with -f with its attempt too (\\[attempt 1 node-0]). A node's log comes from its pod while
     the pod exists, else from the attempt's log archive (the ConfigMap JOB-attempt-N-logs the
     operator keeps each deleted pod's log tail in). Exit codes: 0 every asked-for node's log was
     read; 1 the job is missing, the attempt has no pods and no archive, or a node has no log
