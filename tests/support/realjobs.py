@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ import yaml
 from kubetrain.api.records import records_in
 from support import controlplane, images
 from support import node as real
-from support.operator_process import OperatorProcess
+from support.operator_process import KUBETRAIN, OperatorProcess
 from support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,15 +164,7 @@ class RealJobs:
     def logs(self, name: str, attempt: int) -> str:
         """Every node's log of `attempt` as `kubetrain logs` prints it (from the pods, else the
         attempt's archive), with what it said on stderr: for an assertion's message."""
-        args = [
-            str(Path(sys.executable).parent / "kubetrain"),
-            "logs",
-            name,
-            "-n",
-            self.namespace,
-            "--attempt",
-            str(attempt),
-        ]
+        args = [str(KUBETRAIN), "logs", name, "-n", self.namespace, "--attempt", str(attempt)]
         env = {**os.environ, "KUBECONFIG": str(self.node.cp.kubeconfig)}
         done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120, check=False)
         return done.stdout + done.stderr

@@ -4,13 +4,13 @@ the readiness port, the attempt file, and the one report of a gang's first failu
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -321,6 +321,7 @@ def test_the_next_attempt_is_relayed_to_an_agent_whose_attempt_file_is_late(
     assert agents[1]._ordered(store) is None
 
 
+@pytest.mark.timeout(60)  # without the report nothing names the next attempt: it would wait forever
 def test_a_holding_agent_says_how_long_it_has_waited(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -329,11 +330,21 @@ def test_a_holding_agent_says_how_long_it_has_waited(
     monkeypatch.setenv("KUBETRAIN_ATTEMPT_FILE", str(path))
     monkeypatch.setattr(agent, "HOLD_REPORT_S", 0.1)
     one = InPlace()
-    store = Store()
-    later = threading.Timer(0.5, lambda: path.write_text("1"))
-    later.start()
-    with caplog.at_level("WARNING", logger="kubetrain.agent"):
-        assert one._hold(store) == 1
+
+    class NameTheNextOnceReported(logging.Handler):
+        """The operator's decision arrives right after the first report (whatever the load)."""
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if "no next attempt named yet" in record.getMessage():
+                path.write_text("1")
+
+    handler = NameTheNextOnceReported()
+    logging.getLogger("kubetrain.agent").addHandler(handler)
+    try:
+        with caplog.at_level("WARNING", logger="kubetrain.agent"):
+            assert one._hold(Store()) == 1
+    finally:
+        logging.getLogger("kubetrain.agent").removeHandler(handler)
     waits = [r.getMessage() for r in caplog.records if "no next attempt named yet" in r.getMessage()]
     assert waits and "KUBETRAIN_ATTEMPT_FILE says 0" in waits[0], waits
 
@@ -349,6 +360,7 @@ def test_a_node_waits_for_node0_at_a_fixed_interval_before_torch_connects() -> N
     """torchrun's static rendezvous, patched: node 1 polls node 0's address every 0.1 s and only
     then lets torch's store client connect (which backs off with growing gaps on its own)."""
     import datetime
+    import threading
     import types
 
     port = _free_port()
