@@ -186,6 +186,11 @@ class Bench:
         if result.get("failure") == "InPlaceRestartTimedOut" and self.logs is not None and self.failed_logs:
             # The in-place attempt did not meet: its pods' logs say why (kept before they were deleted).
             self.logs.save(name, self.failed_logs / name)
+            # The other two sides of it: the operator's decision and relabel, the kubelet's refresh
+            # of the pods' attempt files (each log whole: the runs before show what is usual).
+            for log in (jobs.operator.log_path, jobs.node.logs / "kubelet.log"):
+                if log.exists():
+                    shutil.copy(log, self.failed_logs / name / log.name)
         result["load_avg_1m"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
         if mode == "RestartAllContainers":
             jobs.kubectl(
