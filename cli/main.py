@@ -178,7 +178,7 @@ def logs(
     read; 1 the job is missing, the attempt has no pods and no archive, or a node has no log
     (its reason, e.g. ImagePullBackOff, is said on stderr).
     """
-    from kubetrain.cli.logs import Cluster, LogsError, api_client, run_logs
+    from kubetrain.client.logs import Cluster, LogsError, api_client, run_logs
 
     try:
         with api_client(kubeconfig) as api:

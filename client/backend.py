@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Literal, Protocol
 
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
-from kubetrain.cli.logs import LogSource
+from kubetrain.client.logs import LogSource
 
 BackendKind = Literal["kubernetes", "local"]
 

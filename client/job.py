@@ -14,9 +14,9 @@ from typing import Any, Literal, overload
 
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
 from kubetrain.api.records import metrics_in
-from kubetrain.cli.logs import LogsError, LogSource, attempt_logs, run_logs
 from kubetrain.client.backend import Backend
 from kubetrain.client.errors import JobFailed, LogsUnavailable, WaitTimeout
+from kubetrain.client.logs import LogsError, LogSource, attempt_logs, run_logs
 from kubetrain.client.progress import Display, make_display
 
 log = logging.getLogger("kubetrain.client")

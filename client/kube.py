@@ -14,8 +14,8 @@ from pydantic import ValidationError
 
 from kubetrain.api import naming
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
-from kubetrain.cli.logs import Cluster, api_client
 from kubetrain.client.errors import AlreadyExists, ApiError, ClientError, InvalidJob, JobNotFound
+from kubetrain.client.logs import Cluster, api_client
 
 IN_CLUSTER_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 

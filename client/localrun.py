@@ -31,8 +31,8 @@ from typing import Any, Literal, TextIO
 from kubetrain.api import naming
 from kubetrain.api.manifest import InvalidTrainingJob, load, parse
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
-from kubetrain.cli.logs import NodePod
 from kubetrain.client.errors import AlreadyExists, InvalidJob, JobNotFound, JobStopped
+from kubetrain.client.logs import NodePod
 from kubetrain.client.spec import random_suffix
 from kubetrain.local.localize import LocalRunError
 from kubetrain.local.plan import ATTEMPTS_SUBDIR, check_commands, plan_job, write_run_files
@@ -287,7 +287,7 @@ def _marker(line: str) -> int | None:
 
 
 class LocalLogs:
-    """A local job as `kubetrain logs` reads a cluster's (kubetrain.cli.logs.LogSource): each node
+    """A local job as `kubetrain logs` reads a cluster's (kubetrain.client.logs.LogSource): each node
     process of each attempt is a pod (`<job>-node-<rank>`), phased as the supervisor saw it, and its
     log is its attempt's part of node-<rank>.log."""
 

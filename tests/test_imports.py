@@ -1,7 +1,7 @@
 """Each image ships only its part: the API needs neither torch nor kopf, the trainer imports without
 kopf/kubernetes or the CLI's libraries, the operator without torch, the client without kopf or torch;
-the packages import each other without cycles (api <- trainer, api <- operator <- local <- cli,
-api/local/cli <- client, which nothing imports)."""
+the packages import each other without cycles (api <- trainer, api <- operator <- local,
+api/local <- client <- cli); the client never imports the CLI, not even lazily."""
 
 from __future__ import annotations
 
@@ -164,8 +164,24 @@ def test_no_import_cycles_between_modules_or_packages() -> None:
     assert packages["kubetrain.trainer"] <= {"kubetrain.api"}
     assert packages["kubetrain.operator"] <= {"kubetrain.api"}
     assert packages["kubetrain.local"] <= {"kubetrain.api", "kubetrain.operator"}
-    assert packages["kubetrain.client"] <= {"kubetrain.api", "kubetrain.local", "kubetrain.cli"}
+    assert packages["kubetrain.client"] <= {"kubetrain.api", "kubetrain.local"}
+    # The CLI imports the client inside its commands only, so nothing imports it at module level.
     assert not [name for name, targets in packages.items() if "kubetrain.client" in targets], packages
+
+
+def test_the_client_never_imports_the_cli() -> None:
+    """The CLI sits above the client (`kubetrain logs` reads with the client's log reader); a
+    client module reaching for the CLI, even inside a function, would put it back below."""
+    imports = [
+        (f"client/{path.name}:{node.lineno}", name)
+        for path in (ROOT / "client").glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for name in ([node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names])
+        if name.startswith("kubetrain.")
+    ]
+    assert len(imports) > 10, imports
+    assert [(where, name) for where, name in imports if name.split(".")[:2] == ["kubetrain", "cli"]] == []
 
 
 def test_test_module_basenames_are_unique() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from kubetrain.api import naming
 from kubetrain.api.models import TrainingJobStatus
-from kubetrain.cli.logs import LogsError, NodePod, Plan, archive_of, ended_line, last_lines, missing, plan
+from kubetrain.client.logs import LogsError, NodePod, Plan, archive_of, ended_line, last_lines, missing, plan
 
 pytestmark = pytest.mark.unit
 

@@ -24,7 +24,7 @@ from support.waiting import wait_for
 
 from kubetrain.api import naming
 from kubetrain.api.models import TrainingJob
-from kubetrain.cli.logs import Cluster, LogsError, attempt_logs, run_logs
+from kubetrain.client.logs import Cluster, LogsError, attempt_logs, run_logs
 from kubetrain.operator import archive
 from kubetrain.operator.render import render_pod
 

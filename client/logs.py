@@ -1,4 +1,6 @@
-"""`kubetrain logs`: every node's log of one attempt of a TrainingJob, read from the cluster.
+"""The log reader that `kubetrain logs` and the client's `Job.logs` share: every node's log of
+one attempt of a TrainingJob, read from the cluster or a local run. It lives with the client, its
+first user; the CLI imports it from here (the CLI imports the client, never the reverse).
 
 Where a log comes from: the attempt's pod while it exists (`pods/log`), else the attempt's log
 archive, the ConfigMap `<job>-attempt-<N>-logs` in which the operator keeps the tail of each
@@ -10,7 +12,7 @@ about the ranks that have neither (`choose_attempt`, `plan`, table-tested); the 
 from a `LogSource` (`Cluster`: the kubernetes client; kubetrain.client's local backend: a local
 run's files):
   * `attempt_logs(source, name, attempt=N, rank=R, tail=T)` -> `AttemptLogs` (rank -> text),
-    the reusable read (`kubetrain.client` uses it);
+    the reusable read (`Job.logs(attempt=N)` uses it);
   * `run_logs(...)` prints one attempt, each line prefixed `[node-i]` as `kubetrain run --local`
     prefixes them (`naming.node_line`), or with `follow` streams the job from that attempt on,
     across its gang restarts, each line prefixed `[attempt N node-i]` (`naming.attempt_line`).
