@@ -9,8 +9,9 @@ decide: pure functions — `status.decide` (the gang), `progress` (rank 0's metr
 `refusal` (a pod the API server refused). They are the only authors of the job's status.
 apply: `kube.py`, the only writer; the status goes first when the decision says so. What
 Kueue and the PodGroup APIs need read and written is in `kueue_io.py` and `podgroup_io.py`;
-the logs of pods being deleted are kept by `archive_io.py` (as `archive.py` decides) before
-the status write, and the pods released after it.
+the pods' logs the reconcile reads (rank 0's records, the agents' `failure` record, a stall's
+stacks) in `logs_io.py`; the logs of pods being deleted are kept by `archive_io.py` (as
+`archive.py` decides) before the status write, and the pods released after it.
 
 Level-based: a reconcile depends on the job's state, never on which event woke it; the
 TrainingJob status holds everything that must survive a restart of the operator.
@@ -22,23 +23,22 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
 
-from kubetrain.api import naming, records
-from kubetrain.api.contract import stacks_after_seconds
+from kubetrain.api import naming
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
-from kubetrain.api.records import GangFailure
 from kubetrain.operator import (
     archive,
     archive_io,
     forensics,
     kueue,
     kueue_io,
+    logs_io,
     metrics,
     podgroup,
     podgroup_io,
@@ -46,7 +46,6 @@ from kubetrain.operator import (
     refusal,
     timeline,
 )
-from kubetrain.operator.forensics import RankStacks
 from kubetrain.operator.kube import ApiError, Conflict, Kube, Refused
 from kubetrain.operator.render import render_pod, render_service
 from kubetrain.operator.settings import OperatorSettings
@@ -54,11 +53,7 @@ from kubetrain.operator.status import Decision, Event, PodView, Policy, StaleVie
 from kubetrain.operator.workqueue import Key, WorkQueue
 
 log = logging.getLogger("kubetrain.operator")
-LogSource = Callable[[str, str], Awaitable[str]]
 Index = Mapping[Any, Collection[Any]]  # informer.Index: (namespace, job) -> what it keeps per child
-# How often a NotReady pod's log is read for its torchrun agents' `failure` record until one is
-# found (the agents print it once every one of them stopped, within 2 s).
-HELD_READ_S = 0.25
 # How long a created pod counts as observed before its watch event arrives: past that the
 # pod was gone before it could be listed, and a watch event will never come.
 EXPECTATIONS_TIMEOUT_SECONDS = 60.0
@@ -142,14 +137,10 @@ class JobState:
 
     body: dict[str, Any]  # the newest TrainingJob seen (by resourceVersion)
     expectations: Expectations = field(default_factory=Expectations)
-    progress_read_at: float | None = None  # event-loop time of the last read of rank 0's log
+    reads: logs_io.Reads = field(default_factory=logs_io.Reads)  # its pods' logs: when read, what they held
     phase: str | None = None  # as last written, for the jobs-by-phase gauge
     refusals: int = 0  # creation passes refused in a row: the retry backoff's exponent
     placement: kueue_io.Placed | None = None  # Kueue flavors read, and where they place
-    # The in-place restart: the gang failure the pods' torchrun agents reported (their `failure`
-    # record, read from a NotReady pod's log), and when a pod's log was last read for it.
-    held: GangFailure | None = None
-    held_read_at: float | None = None
 
 
 def _count_phase(state: JobState, phase: str | None) -> None:
@@ -185,8 +176,8 @@ class Controller:
         self,
         settings: OperatorSettings,
         kube: Kube,
-        log_source: LogSource | None = None,
-        stacks_source: LogSource | None = None,
+        log_source: logs_io.LogSource | None = None,
+        stacks_source: logs_io.LogSource | None = None,
     ) -> None:
         self.settings = settings
         self.policy = Policy(
@@ -194,11 +185,7 @@ class Controller:
             straggler_timeout=timedelta(seconds=settings.straggler_timeout_seconds),
         )
         self.kube = kube
-        tail = settings.progress_tail_lines
-        self.log_source = log_source or (lambda namespace, pod: kube.read_log(namespace, pod, tail))
-        self.stacks_source = stacks_source or (
-            lambda namespace, pod: kube.read_log(namespace, pod, forensics.TAIL_LINES)
-        )
+        self.logs = logs_io.PodLogs(kube, settings.progress_tail_lines, log_source, stacks_source)
         self.jobs: dict[Key, JobState] = {}
         self.pods: Index = {}
         self.services: Index = {}
@@ -322,7 +309,9 @@ class Controller:
         indexed = self.pods.get(key, ())
         if state.expectations.overdue(indexed):
             await self._confirm_overdue(key[0], body["metadata"]["uid"], state, indexed)
-        pods = await self._holding(key, state, job, state.expectations.pods(indexed))
+        pods, look_again = await self.logs.holding(key[0], state.reads, job, state.expectations.pods(indexed))
+        if look_again is not None:
+            self.queue.add(key, look_again)
         service_exists = state.expectations.service or bool(self.services.get(key))
         precise = datetime.now(UTC)  # decide keeps whole seconds but for the timeline
         now = precise.replace(microsecond=0)
@@ -331,17 +320,23 @@ class Controller:
         try:
             admission = await kueue_io.admission(self.kube, self.settings.render, key[0], uid, job, pods, now)
             decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold)
-            # A gang failure: rank 0 may have recorded `done` since the last read (progress.py).
+            # decide may run twice more in this pass, each time on more of the pods' logs. Those
+            # reads serve only a first decision that ends the attempt, and which one is due depends
+            # on what it decided; reading them before every decision would read every rank's log
+            # on every pass, for the rare pass that ends an attempt.
             if progress.recheck(job.status, decision.status):
-                if text := await self._read_rank0(key, state, pods):
+                # A gang failure: rank 0 may have recorded `done` since the last read, which makes
+                # it a crash after the job finished, not a restart (progress.py).
+                if text := await self.logs.rank0(key[0], state.reads, pods):
                     job = job.model_copy(update={"status": progress.fold(job.status or TrainingJobStatus(), text)})
                     decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold)
                 # A stall: every rank's stacks name the one that hung (operator/forensics.py).
                 if forensics.wanted(job.status, decision.status):
-                    stacks = await self._read_stacks(key, job, pods)
+                    stacks = await self.logs.stacks(key[0], job, pods)
                     decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold, stacks)
             else:
-                await self._read_progress(key, state, job, decision, pods)
+                interval = self.settings.progress_interval_seconds
+                await self.logs.progress(key[0], state.reads, job, decision, pods, interval)
         except StaleView as stale:
             return await self._reread(key, state, stale)
         if admission.retry:
@@ -385,74 +380,6 @@ class Controller:
             return 30.0
         self._remember(fresh)
         return 0
-
-    async def _read_progress(
-        self, key: Key, state: JobState, job: TrainingJob, decision: Decision, pods: list[PodView]
-    ) -> None:
-        """Fold rank 0's newest records into the decided status when a read is due."""
-        loop = asyncio.get_running_loop()
-        since = None if state.progress_read_at is None else loop.time() - state.progress_read_at
-        interval = self.settings.progress_interval_seconds
-        pod, requeue = progress.due(job.status, decision.status, pods, since, interval)
-        if requeue is not None:
-            decision.requeue(requeue)
-        if pod is not None and (text := await self._read_log(key, state, pod)):
-            status = progress.fold(decision.status, text)
-            line = status.timeline
-            if line is not None and line.attempt == status.attempt:
-                # Rank 0's milestones end phases: its phases and waitingOn follow in this write.
-                current = [p for p in pods if p.attempt == status.attempt and not p.terminating]
-                status.timeline = timeline.advance(line, current, job.spec.nodes)
-            decision.status = status
-            if (found := records.gang_failure(text, status.attempt)) is not None:
-                state.held = found  # the periodic read found what a NotReady pod would have told
-                decision.requeue(0)
-
-    async def _holding(self, key: Key, state: JobState, job: TrainingJob, pods: list[PodView]) -> list[PodView]:
-        """The pods, the gang failure their torchrun agents hold attached (progress.holding). A pod
-        that turned NotReady while its attempt runs (progress.held_suspect) has its log read for
-        the agents' `failure` record, every HELD_READ_S at most while none is found."""
-        attempt = job.status.attempt if job.status else 0
-        if state.held is not None and state.held.attempt != attempt:
-            state.held = None
-        suspect = progress.held_suspect(job.status, pods)
-        loop = asyncio.get_running_loop()
-        if suspect is not None and state.held is None:
-            if state.held_read_at is None or loop.time() - state.held_read_at >= HELD_READ_S:
-                state.held_read_at = loop.time()
-                text = await self._read_log(key, state, suspect, progress_read=False)
-                state.held = records.gang_failure(text or "", attempt)
-            if state.held is None:
-                self.queue.add(key, HELD_READ_S)
-        return progress.holding(pods, state.held)
-
-    async def _read_stacks(self, key: Key, job: TrainingJob, pods: list[PodView]) -> dict[int, RankStacks]:
-        """Every rank's stacks, from the log tails of the attempt's pods (read at once)."""
-        hang = job.spec.run_policy.hang_timeout_seconds or 0
-        ours = [p for p in pods if p.rank is not None and p.attempt == (job.status or TrainingJobStatus()).attempt]
-
-        async def tail(pod: PodView) -> tuple[int, str]:
-            try:
-                return pod.rank or 0, await self.stacks_source(key[0], pod.name)
-            except Exception as error:  # a pod without a readable log wrote no stacks we can see
-                log.debug("reading the stacks in %s/%s failed: %s", key[0], pod.name, error)
-                return pod.rank or 0, ""
-
-        logs = dict(await asyncio.gather(*(tail(p) for p in ours)))
-        return forensics.collect(logs, job.spec.procs_per_node, stacks_after_seconds(hang))
-
-    async def _read_rank0(self, key: Key, state: JobState, pods: list[PodView]) -> str | None:
-        pod = progress.rank0(pods)
-        return None if pod is None else await self._read_log(key, state, pod)
-
-    async def _read_log(self, key: Key, state: JobState, pod: str, *, progress_read: bool = True) -> str | None:
-        if progress_read:
-            state.progress_read_at = asyncio.get_running_loop().time()
-        try:
-            return await self.log_source(key[0], pod)
-        except Exception as error:  # no kubelet yet, log rotated, pod gone: try next time
-            log.debug("reading the log of %s/%s failed: %s", key[0], pod, error)
-            return None
 
     # --- apply --------------------------------------------------------------------------
     async def _apply(

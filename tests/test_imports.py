@@ -215,6 +215,7 @@ IO = {"aiohttp", "asyncio", "kopf", "kubernetes"} | {
         "informer",
         "kube",
         "kueue_io",
+        "logs_io",
         "podgroup_io",
         "run",
         "workqueue",

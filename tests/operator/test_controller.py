@@ -357,7 +357,7 @@ def test_a_crash_at_teardown_after_done_is_read_before_restarting(monkeypatch: p
         reads.append(name)
         return "\n".join([record("checkpoint", step=100, path="/ckpt/step-100"), record("done", step=100)])
 
-    controller.log_source = logs
+    controller.logs.source = logs
     reconcile(controller)
     assert reads == ["j-node-0"]
     status = kube.statuses[-1]
@@ -380,7 +380,7 @@ def test_a_fail_job_rule_is_counted_as_finished_by_its_reason() -> None:
     async def no_records(namespace: str, name: str) -> str:
         return "a log line without metrics records"
 
-    controller.log_source = no_records
+    controller.logs.source = no_records
     reconcile(controller)
     assert kube.statuses[-1]["phase"] == "Failed" and ("Warning", "FailurePolicy") in kube.events
     assert finished("FailurePolicy") == before + 1

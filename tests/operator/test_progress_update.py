@@ -15,8 +15,7 @@ from support.pods import pod_view
 
 from kubetrain.api.models import TrainingJobStatus
 from kubetrain.operator import progress
-from kubetrain.operator.controller import Controller, JobState
-from kubetrain.operator.settings import OperatorSettings
+from kubetrain.operator.logs_io import PodLogs, Reads
 from kubetrain.operator.status import Decision, PodView
 
 pytestmark = pytest.mark.unit
@@ -102,13 +101,13 @@ def read_twice(source: Any) -> tuple[Decision, list[str]]:
         calls.append(pod)
         return await source(namespace, pod)
 
-    controller = Controller(OperatorSettings(progress_interval_seconds=5), kube=None, log_source=logs)  # type: ignore[arg-type]
-    state = JobState({"metadata": {"name": "j", "namespace": "ns"}})
+    pod_logs = PodLogs(kube=None, tail=200, source=logs)  # type: ignore[arg-type]
+    reads = Reads()
     decision = Decision(status=TrainingJobStatus(phase="Running"))
 
     async def twice() -> None:
-        await controller._read_progress(("ns", "j"), state, JOB, decision, RUNNING)
-        await controller._read_progress(("ns", "j"), state, JOB, decision, RUNNING)  # within the interval
+        await pod_logs.progress("ns", reads, JOB, decision, RUNNING, interval=5)
+        await pod_logs.progress("ns", reads, JOB, decision, RUNNING, interval=5)  # within the interval
 
     asyncio.run(twice())
     return decision, calls
