@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kubetrain.api.models import Failure, LastCheckpoint, TrainingJobStatus
-from kubetrain.operator.status import get_condition
+from kubetrain.operator.conditions import get_condition
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -46,10 +46,13 @@ from kubetrain.operator import (
     refusal,
     timeline,
 )
+from kubetrain.operator.conditions import get_condition
+from kubetrain.operator.decision import Decision, Event, Policy, StaleView
 from kubetrain.operator.kube import ApiError, Conflict, Kube, Refused
+from kubetrain.operator.pods import PodView, parse_time
 from kubetrain.operator.render import render_pod, render_service
 from kubetrain.operator.settings import OperatorSettings
-from kubetrain.operator.status import Decision, Event, PodView, Policy, StaleView, decide, get_condition, parse_time
+from kubetrain.operator.status import decide
 from kubetrain.operator.workqueue import Key, WorkQueue
 
 log = logging.getLogger("kubetrain.operator")

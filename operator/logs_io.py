@@ -21,9 +21,10 @@ from kubetrain.api.contract import stacks_after_seconds
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
 from kubetrain.api.records import GangFailure
 from kubetrain.operator import forensics, progress, timeline
+from kubetrain.operator.decision import Decision
 from kubetrain.operator.forensics import RankStacks
 from kubetrain.operator.kube import Kube
-from kubetrain.operator.status import Decision, PodView
+from kubetrain.operator.pods import PodView
 
 log = logging.getLogger("kubetrain.operator")
 LogSource = Callable[[str, str], Awaitable[str]]  # (namespace, pod) -> the log's tail

@@ -27,7 +27,7 @@ from kubetrain.api import records
 from kubetrain.api.models import TrainingJobStatus
 from kubetrain.api.records import GangFailure
 from kubetrain.operator.failures import completed
-from kubetrain.operator.status import PodView
+from kubetrain.operator.pods import PodView
 
 READ_IN = ("Running", "Restarting")
 # How often rank 0's log is read while the attempt has not finished its first step.

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from kubetrain.api.models import TrainingJobStatus
-from kubetrain.operator.status import Decision, Event, derive_phase, get_condition, set_condition
+from kubetrain.operator.conditions import derive_phase, get_condition, set_condition
+from kubetrain.operator.decision import Decision, Event
 
 BLOCKED = "PodCreationBlocked"
 FAILED = "PodCreationFailed"

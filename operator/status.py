@@ -7,8 +7,9 @@ depends on which event woke the operator. Everything beyond the pods comes from 
 and `job.status` (hang detection and the late-crash rule read `status.progress`, which both
 callers fold from rank 0's records with `kubetrain.api.records.fold`).
 
-(About 480 lines: one short stage per concern of the decision, and the definitions below, which
-docs/operator.md repeats, stand beside the stages that implement them.)
+One short stage per concern of the decision; the definitions below, which docs/operator.md
+repeats, stand beside the stages that implement them. The types a decision is made of live in
+decision.py, the conditions' helpers in conditions.py, the pods as seen in pods.py.
 
 `decide` is a dispatcher over named stages, each returning the Decision once it decided:
 finished (cleanup, TTL) → suspend → resume → gang mode (operator/podgroup.py) → first problem →
@@ -82,22 +83,11 @@ from kubetrain.operator.failures import (
     stamp,
 )
 from kubetrain.operator.forensics import RankStacks, blame
-from kubetrain.operator.pods import STUCK_REASONS, TERMINAL_PHASES, PodCondition, PodView, parse_time
+from kubetrain.operator.pods import STUCK_REASONS, TERMINAL_PHASES, PodCondition, PodView
 
-__all__ = [
-    "Decision",
-    "Event",
-    "Hold",
-    "PodView",
-    "Policy",
-    "StaleView",
-    "decide",
-    "derive_phase",
-    "get_condition",
-    "is_true",
-    "parse_time",
-    "set_condition",
-]
+# Names defined elsewhere that local/supervisor.py still imports from here (#32); every other
+# importer takes them from the module that defines them.
+__all__ = ["Decision", "PodView", "Policy", "decide", "is_true"]
 
 # A gang failure and the conditions of the pod it happened to (what onPodConditions matches).
 Problem = tuple[Failure, tuple[PodCondition, ...]]

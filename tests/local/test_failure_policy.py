@@ -14,7 +14,7 @@ from support.jobs import fake_job, write_job
 from support.local_runs import KUBETRAIN, finish_run, run_status, summary
 
 from kubetrain.api.models import TrainingJobStatus
-from kubetrain.operator.status import get_condition
+from kubetrain.operator.conditions import get_condition
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ from support.jobs import write_job
 from support.local_runs import finish_run, run_status
 from support.workloads import hang_rank1
 
-from kubetrain.operator.status import get_condition
+from kubetrain.operator.conditions import get_condition
 
 pytestmark = pytest.mark.train
 

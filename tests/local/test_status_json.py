@@ -15,7 +15,7 @@ from support.local_runs import finish_run, run_status, summary
 
 from kubetrain.api.models import TrainingJobStatus
 from kubetrain.api.records import fold
-from kubetrain.operator.status import get_condition
+from kubetrain.operator.conditions import get_condition
 
 pytestmark = pytest.mark.unit
 

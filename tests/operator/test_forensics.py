@@ -8,8 +8,9 @@ import pytest
 from support.pods import T0, pod_view
 
 from kubetrain.api.models import Progress, TrainingJob, TrainingJobStatus
+from kubetrain.operator.conditions import get_condition
 from kubetrain.operator.forensics import Frame, RankStacks, blame, collect, parse
-from kubetrain.operator.status import decide, get_condition
+from kubetrain.operator.status import decide
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,8 @@ from test_status import advance, cond, make_job, message_of, step
 from kubetrain.api.models import Timeline, TrainingJob
 from kubetrain.api.records import GangFailure
 from kubetrain.operator import timeline
-from kubetrain.operator.status import PodView, get_condition
+from kubetrain.operator.conditions import get_condition
+from kubetrain.operator.pods import PodView
 
 pytestmark = pytest.mark.unit
 

@@ -14,10 +14,11 @@ from support.pods import T0, pod_view
 
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
 from kubetrain.operator import kueue
+from kubetrain.operator.conditions import get_condition
 from kubetrain.operator.decision import Hold
 from kubetrain.operator.render import render_pod
 from kubetrain.operator.settings import RenderSettings
-from kubetrain.operator.status import decide, get_condition
+from kubetrain.operator.status import decide
 
 pytestmark = pytest.mark.unit
 

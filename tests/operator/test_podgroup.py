@@ -13,8 +13,10 @@ from support.pods import T0, pod_view
 
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
 from kubetrain.operator import podgroup
+from kubetrain.operator.conditions import get_condition
+from kubetrain.operator.decision import Decision, Policy
 from kubetrain.operator.render import owner_reference
-from kubetrain.operator.status import Decision, Policy, decide, get_condition
+from kubetrain.operator.status import decide
 
 pytestmark = pytest.mark.unit
 

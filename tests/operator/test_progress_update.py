@@ -15,8 +15,9 @@ from support.pods import pod_view
 
 from kubetrain.api.models import TrainingJobStatus
 from kubetrain.operator import progress
+from kubetrain.operator.decision import Decision
 from kubetrain.operator.logs_io import PodLogs, Reads
-from kubetrain.operator.status import Decision, PodView
+from kubetrain.operator.pods import PodView
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,10 @@ from support.jobs import valid_job
 from support.pods import JOB_UID, T0, pod_view
 
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
+from kubetrain.operator.conditions import get_condition
+from kubetrain.operator.decision import Decision
 from kubetrain.operator.refusal import BLOCKED, FAILED, classify, settle
-from kubetrain.operator.status import Decision, decide, get_condition
+from kubetrain.operator.status import decide
 
 pytestmark = pytest.mark.unit
 

@@ -12,9 +12,11 @@ from support.pods import JOB_UID as UID
 from support.pods import T0, pod_view
 
 from kubetrain.api.models import LastCheckpoint, Progress, TrainingJob, TrainingJobStatus
-from kubetrain.operator.decision import DEFAULT_POLICY
+from kubetrain.operator.conditions import get_condition, is_true
+from kubetrain.operator.decision import DEFAULT_POLICY, Decision, StaleView
+from kubetrain.operator.pods import PodView
 from kubetrain.operator.render import render_pod
-from kubetrain.operator.status import Decision, PodView, StaleView, decide, get_condition, is_true
+from kubetrain.operator.status import decide
 
 pytestmark = pytest.mark.unit
 

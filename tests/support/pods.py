@@ -9,8 +9,8 @@ from typing import Any
 
 from kubetrain.api import naming
 from kubetrain.api.models import TrainingJob
+from kubetrain.operator.pods import PodView
 from kubetrain.operator.render import render_pod
-from kubetrain.operator.status import PodView
 
 JOB_UID = "job-uid"
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
