@@ -65,8 +65,7 @@ LABEL org.opencontainers.image.title="kubetrain-trainer" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    HOME=/home/kubetrain \
-    MPLCONFIGDIR=/tmp/matplotlib
+    HOME=/home/kubetrain
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY --from=wheel /wheels /tmp/wheels
 # torch first, from its index, so the worker extra finds it satisfied and pulls no other build.

@@ -1,4 +1,4 @@
-"""The env contract (trainer/contract.py) -> one initialised process group.
+"""The env contract (api/contract.py) -> one initialised process group.
 
 Everything here is what Kubeflow users trip over, made explicit: RANK is the process (never
 the node), non-master ranks wait a bounded time for MASTER_ADDR:MASTER_PORT to resolve and
