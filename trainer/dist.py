@@ -30,7 +30,7 @@ from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-
 from kubetrain.api import contract
 from kubetrain.trainer import reach
 from kubetrain.trainer.metrics import MetricsLogger
-from kubetrain.trainer.torchrun_hooks import wait_for_other_agents
+from kubetrain.trainer.torchrun_hooks import exit_barrier_key, hold_exit_barrier
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -314,18 +314,16 @@ def hold_agent_store(store: Store, environ: Mapping[str, str], *, timeout_s: flo
     the barrier then opens on the host itself. Bounded: a node that never arrives (it failed)
     is the gang's business. True when every other agent arrived within `timeout_s`.
     """
-    group_world = int(environ.get("GROUP_WORLD_SIZE", "1"))
-    if environ.get("GROUP_RANK") != "0" or group_world < 2:
+    group_rank, group_world = environ.get("GROUP_RANK"), int(environ.get("GROUP_WORLD_SIZE", "1"))
+    if group_rank != "0" or group_world < 2:
         return True
-    try:  # torch's private names: a torch that renamed them must still train, only unheld
-        from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
-        from torch.distributed.elastic.utils.store import _NUM_MEMBERS
-    except ImportError:
+    key = exit_barrier_key()
+    if key is None:  # a torch that renamed its private names must still train, only unheld
         log.warning("this torch keys its exit barrier differently: node 0 does not wait for the other agents")
         return True
-    # The key torchrun's agents count themselves in: `_exit_barrier` on PrefixStore(run_id).
-    key = f"{environ.get('TORCHELASTIC_RUN_ID', 'none')}/{_TERMINAL_STATE_SYNC_ID}{_NUM_MEMBERS}"
-    return wait_for_other_agents(store, group_world, key, timeout_s, interval_s)
+    # The agents count themselves in on PrefixStore(run_id); this store is the unprefixed one.
+    run_key = f"{environ.get('TORCHELASTIC_RUN_ID', 'none')}/{key}"
+    return hold_exit_barrier(store, 0, group_world, run_key, timeout_s, interval_s)
 
 
 @contextlib.contextmanager

@@ -36,17 +36,17 @@ behaviour, never a failure.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.abc
 import importlib.machinery
 import logging
-import os
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
+
+from kubetrain.trainer import ending
 
 log = logging.getLogger("kubetrain.torchrun_hooks")
 
@@ -118,9 +118,26 @@ def _rebind_package(module: ModuleType) -> None:
         setattr(module, "init_process_group", wrapped)  # noqa: B010
 
 
-def wait_for_other_agents(store: Any, world: int, key: str, timeout_s: float, interval_s: float = POLL_S) -> bool:
-    """On node 0: return once `world - 1` agents counted themselves in under `key` (True), or
-    after `timeout_s` (False). Also kubetrain.trainer.dist's hold, from inside a worker."""
+def exit_barrier_key() -> str | None:
+    """The key, in the run's store, under which torchrun's agents count themselves in at its exit
+    barrier (torch's private names); None where this torch names them otherwise."""
+    try:
+        from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
+        from torch.distributed.elastic.utils.store import _NUM_MEMBERS
+    except ImportError:
+        return None
+    return f"{_TERMINAL_STATE_SYNC_ID}{_NUM_MEMBERS}"
+
+
+def hold_exit_barrier(
+    store: Any, group_rank: int, world: int, key: str, timeout_s: float, interval_s: float = POLL_S
+) -> bool:
+    """The one hold of node 0 at torchrun's exit barrier, from its agent (here) or from one of its
+    workers (kubetrain.trainer.dist): on node 0 of several, return once the `world - 1` other
+    agents counted themselves in under `key` (True), or after `timeout_s` (False). True at once
+    on any other node, or with no other node."""
+    if group_rank != 0 or world < 2:
+        return True
     deadline = time.monotonic() + timeout_s
     while store.add(key, 0) < world - 1:
         if time.monotonic() >= deadline:
@@ -132,20 +149,16 @@ def wait_for_other_agents(store: Any, world: int, key: str, timeout_s: float, in
 def _node0_enters_exit_barrier_last(module: ModuleType) -> None:
     """torch.distributed.elastic.agent.server.api loaded: wrap SimpleElasticAgent._exit_barrier."""
     agent_class = getattr(module, "SimpleElasticAgent", None)
-    sync_id = getattr(module, "_TERMINAL_STATE_SYNC_ID", None)
     original = getattr(agent_class, "_exit_barrier", None)
-    store_utils = sys.modules.get("torch.distributed.elastic.utils.store")
-    members = getattr(store_utils, "_NUM_MEMBERS", None)
-    if agent_class is None or original is None or sync_id is None or members is None:
+    key = exit_barrier_key()
+    if agent_class is None or original is None or key is None:
         log.warning("this torch's elastic agent differs: torchrun's exit barrier is left as it is")
         return
 
     def _exit_barrier(self: Any) -> Any:
-        group = self._worker_group
-        if group.group_rank == 0 and group.group_world_size > 1:
-            key = f"{sync_id}{members}"
-            if not wait_for_other_agents(self._store, group.group_world_size, key, self._exit_barrier_timeout):
-                log.warning("not every torchrun agent reached the exit barrier within %s s", self._exit_barrier_timeout)
+        group, timeout = self._worker_group, self._exit_barrier_timeout
+        if not hold_exit_barrier(self._store, group.group_rank, group.group_world_size, key, timeout):
+            log.warning("not every torchrun agent reached the exit barrier within %s s", timeout)
         return original(self)
 
     agent_class._exit_barrier = _exit_barrier
@@ -168,11 +181,7 @@ def _exit_when_done(module: ModuleType) -> None:
         except BaseException:
             traceback.print_exc()  # what the interpreter would print for an uncaught exception
             code = 1
-        logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+        ending.leave(code)
 
     main.__wrapped__ = original  # type: ignore[attr-defined]
     main._kubetrain_hooked = True  # type: ignore[attr-defined]
