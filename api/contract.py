@@ -9,6 +9,8 @@ process. A single-process pod also carries RANK and LOCAL_RANK so that a plain
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import socket
 from collections.abc import Collection
 
@@ -57,6 +59,20 @@ FAULT_ENV = "KUBETRAIN_FAULT"
 ATTEMPT_ENV = "KUBETRAIN_ATTEMPT"
 ATTEMPT_FILE_ENV = "KUBETRAIN_ATTEMPT_FILE"
 AGENT_PORT_ENV = "KUBETRAIN_AGENT_PORT"
+# The operator also orders the next attempt directly, over the pod network, to the agent port
+# (POST /attempt): the pod's IP (the agent listens on it) and the job's agent token (a Secret
+# the operator creates; an order is signed with it, so only the operator moves a gang). The
+# agent removes the token from its environment before any worker starts.
+POD_IP_ENV = "KUBETRAIN_POD_IP"
+AGENT_TOKEN_ENV = "KUBETRAIN_AGENT_TOKEN"
+AGENT_TOKEN_KEY = "token"
+ORDER_PATH = "/attempt"
+READY_PATH = "/ready"
+
+
+def order_signature(token: str, attempt: int) -> str:
+    """What an order of `attempt` carries: HMAC-SHA256 of it under the job's agent token."""
+    return hmac.new(token.encode(), f"kubetrain-attempt:{attempt}".encode(), hashlib.sha256).hexdigest()
 
 
 def is_reserved(name: str) -> bool:

@@ -63,6 +63,11 @@ def service_name(job: str) -> str:
     return job
 
 
+def agent_secret_name(job: str) -> str:
+    """The Secret holding an in-place job's agent token (operator/render.py render_agent_secret)."""
+    return f"{job}-kubetrain-agent"
+
+
 def pod_name(job: str, node_rank: int) -> str:
     return f"{job}{NODE_INFIX}{node_rank}"
 

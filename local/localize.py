@@ -17,6 +17,7 @@ from typing import Any
 
 from kubetrain.api.contract import (
     AGENT_PORT_ENV,
+    AGENT_TOKEN_ENV,
     ATTEMPT_FILE_ENV,
     CHECKPOINT_DIR_ENV,
     MASTER_ADDR,
@@ -51,7 +52,11 @@ LOCAL_REWRITES: tuple[tuple[str, str], ...] = (
         "the pod's attempt label (a downward API file) -> <run-dir>/pods/node-<i>/attempt, written by kubetrain "
         "(an in-place restart moves a node to the next attempt there)",
     ),
-    (AGENT_PORT_ENV, "'' (no readiness probe locally: kubetrain reads the agents' records instead)"),
+    (
+        f"{AGENT_PORT_ENV}, {AGENT_TOKEN_ENV}",
+        "'' and none (no readiness probe and no orders over the network locally: kubetrain reads the agents' "
+        "records and writes the attempt files itself)",
+    ),
     (CUDA_VISIBLE_DEVICES, "node i gets GPUs [i*gpusPerNode, (i+1)*gpusPerNode) of the visible ones; '' on CPU"),
     (OMP_NUM_THREADS, "the machine's cores shared among all processes (unless set in spec.env)"),
     (PYTHONUNBUFFERED, "1: output is a pipe read line by line"),
@@ -81,6 +86,8 @@ def resolve_env(entries: Sequence[Mapping[str, Any]], pod: Mapping[str, Any], po
     env: dict[str, str] = {}
     for entry in entries:
         name = entry["name"]
+        if name == AGENT_TOKEN_ENV:  # the operator's Secret: no operator orders the agents here
+            continue
         if "valueFrom" not in entry:
             env[name] = str(entry.get("value", ""))
             continue

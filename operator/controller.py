@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from kubetrain.api import naming
 from kubetrain.api.models import TrainingJob, TrainingJobStatus
 from kubetrain.operator import (
+    agent_io,
     archive,
     archive_io,
     forensics,
@@ -50,7 +51,7 @@ from kubetrain.operator.conditions import get_condition
 from kubetrain.operator.decision import Decision, Event, Policy, StaleView
 from kubetrain.operator.kube import ApiError, Conflict, Kube, Refused
 from kubetrain.operator.pods import PodView, parse_time
-from kubetrain.operator.render import render_pod, render_service
+from kubetrain.operator.render import agent_port, in_place, render_pod, render_service
 from kubetrain.operator.settings import OperatorSettings
 from kubetrain.operator.status import decide
 from kubetrain.operator.workqueue import Key, WorkQueue
@@ -144,6 +145,7 @@ class JobState:
     phase: str | None = None  # as last written, for the jobs-by-phase gauge
     refusals: int = 0  # creation passes refused in a row: the retry backoff's exponent
     placement: kueue_io.Placed | None = None  # Kueue flavors read, and where they place
+    agent_token: str | None = None  # the in-place job's (operator/agent_io.py), once created or read
 
 
 def _count_phase(state: JobState, phase: str | None) -> None:
@@ -412,6 +414,8 @@ class Controller:
             # as a deleted pod's would be, so `kubetrain logs --attempt N` reads it either way.
             ended = [pod for (pod, _), done in zip(moves, moved, strict=True) if done]
             job_uid = body["metadata"]["uid"]
+            # The order first: reading the logs waits on the kubelet, the agents should not.
+            await self._order(state, job, key, ended, decision.status.attempt)
             await archive_io.archive_in_place(self.kube, job, namespace, job_uid, ended, previous.attempt)
         created, refused = await self._create(key, state, job, decision, flavors)
         now = datetime.now(UTC).replace(microsecond=0)
@@ -467,6 +471,28 @@ class Controller:
             return True
         return False
 
+    async def _order(self, state: JobState, job: TrainingJob, key: Key, moved: list[str], attempt: int) -> None:
+        """Order the moved pods' agents to `attempt` (operator/agent_io.py): the relabel's fast
+        path, which does not wait for the kubelet to refresh each pod's attempt file."""
+        namespace, uid = key[0], state.body["metadata"]["uid"]
+        if state.agent_token is None:
+            state.agent_token = await agent_io.ensure_token(self.kube, job, namespace, uid)
+        if state.agent_token is None:
+            return
+        ips = {p.name: p.ip for p in self.pods.get(key, ())}
+        outcomes = await agent_io.order(
+            [(pod, ips.get(pod)) for pod in moved], agent_port(job), state.agent_token, attempt
+        )
+        for pod, outcome in outcomes.items():
+            if outcome != "ordered":
+                log.warning(
+                    "%s/%s: attempt %d not ordered to %s's agent (%s): it waits on its attempt file",
+                    *key,
+                    attempt,
+                    pod,
+                    outcome,
+                )
+
     async def _delete(self, state: JobState, namespace: str, pod: str, uid: str, grace: int | None) -> None:
         if uid in state.expectations.deletions:
             return
@@ -494,6 +520,8 @@ class Controller:
             kueue.place(render_pod(job, namespace, uid, rank, attempt, self.settings.render), where)
             for rank in decision.create_ranks
         ]
+        if pods and in_place(job) and state.agent_token is None:  # before the pods, which read it
+            state.agent_token = await agent_io.ensure_token(self.kube, job, namespace, uid)
         recorded = get_condition(decision.status, podgroup.CONDITION)
         mode = "none" if recorded is None else podgroup.attempt_mode(recorded.status, recorded.reason)
         if pods and mode != "none":

@@ -81,6 +81,8 @@ class PodView:
     # is when the Ready condition last changed.
     ready: bool = False
     ready_at: datetime | None = None
+    # The pod's IP: where the operator orders an in-place restart (its agent port).
+    ip: str | None = None
     # The gang failure an agent of this pod's attempt reported (its `failure` record), attached
     # by the caller that read it: the controller from a pod's log, the local runner from the output.
     held: GangFailure | None = None
@@ -160,4 +162,5 @@ class PodView:
             finalizers=tuple(meta.get("finalizers") or ()),
             ready=ready is not None and ready.get("status") == "True",
             ready_at=parse_time(ready.get("lastTransitionTime")) if ready is not None else None,
+            ip=status.get("podIP") or None,
         )

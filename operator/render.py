@@ -14,11 +14,15 @@ from typing import Any
 from kubetrain.api import naming
 from kubetrain.api.contract import (
     AGENT_PORT_ENV,
+    AGENT_TOKEN_ENV,
+    AGENT_TOKEN_KEY,
     ATTEMPT_ENV,
     ATTEMPT_FILE_ENV,
     CHECKPOINT_DIR_ENV,
     DEFAULT_COMMAND,
     DEFAULT_GRACE_SECONDS,
+    POD_IP_ENV,
+    READY_PATH,
     SHUTDOWN_TIMEOUT_ENV,
     STACKS_AFTER_ENV,
     default_env,
@@ -117,6 +121,24 @@ def render_service(job: TrainingJob, namespace: str, uid: str) -> dict[str, Any]
     }
 
 
+def render_agent_secret(job: TrainingJob, namespace: str, uid: str, token: str) -> dict[str, Any]:
+    """The job's agent token (an in-place job's): the operator signs its orders of the next
+    attempt with it, and the pods' torchrun agents take only orders signed so (trainer/agent.py).
+    The caller chooses the token (this module has no randomness)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": naming.agent_secret_name(job.name),
+            "namespace": namespace,
+            "labels": {**selector_labels(job.name), naming.LABEL_MANAGED_BY: MANAGED_BY},
+            "ownerReferences": [owner_reference(job, uid)],
+        },
+        "type": "Opaque",
+        "stringData": {AGENT_TOKEN_KEY: token},
+    }
+
+
 def agent_port(job: TrainingJob) -> int:
     """The port the torchrun agent listens on while its workers run: the readiness probe's."""
     port = job.spec.master_port
@@ -134,13 +156,20 @@ def _attempt_env(job: TrainingJob, attempt: int) -> list[dict[str, Any]]:
     if in_place(job):
         env.append({"name": ATTEMPT_FILE_ENV, "value": f"{naming.POD_INFO_PATH}/{naming.ATTEMPT_FILE}"})
         env.append({"name": AGENT_PORT_ENV, "value": str(agent_port(job))})
+        # Where the agent listens for the operator's orders, and the token they are signed with.
+        # Optional: a pod whose Secret is missing (an operator without the RBAC to create it)
+        # still starts, and its agent follows the attempt file alone.
+        env.append({"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+        secret = {"name": naming.agent_secret_name(job.name), "key": AGENT_TOKEN_KEY, "optional": True}
+        env.append({"name": AGENT_TOKEN_ENV, "valueFrom": {"secretKeyRef": secret}})
     return env
 
 
 def _in_place_pod(job: TrainingJob, container: dict[str, Any], pod_spec: dict[str, Any]) -> None:
     """The in-place restart's parts of the pod: the attempt label as a file, the agent's port and
     the readiness probe on it. The operator moves a living pod to the next attempt by changing
-    the label; the kubelet updates the file within a second; the agent restarts its workers."""
+    the label and by ordering it on the agent port; the agent restarts its workers on whichever
+    comes first (the kubelet refreshes the file on its own schedule)."""
     if not in_place(job):
         return
     container["ports"].append({"name": naming.AGENT_PORT_NAME, "containerPort": agent_port(job), "protocol": "TCP"})
@@ -148,7 +177,7 @@ def _in_place_pod(job: TrainingJob, container: dict[str, Any], pod_spec: dict[st
     # Ready = the agent runs the workers of the pod's attempt; NotReady = starting, or holding a
     # failed gang for the operator's decision (the operator then reads the agent's record).
     container["readinessProbe"] = {
-        "tcpSocket": {"port": naming.AGENT_PORT_NAME},
+        "httpGet": {"path": READY_PATH, "port": naming.AGENT_PORT_NAME},
         "periodSeconds": 1,
         "timeoutSeconds": 1,
         "successThreshold": 1,

@@ -1,28 +1,32 @@
 """The in-place gang restart, inside torchrun's elastic agent (each node's long-lived process).
 
 With runPolicy.restartStrategy InPlace the operator renders KUBETRAIN_ATTEMPT_FILE (the pod's
-attempt label, projected by the downward API) and KUBETRAIN_AGENT_PORT (the port of the pod's
-readiness probe); `kubetrain run --local` gives each node process the same. Loaded by
-kubetrain.trainer.torchrun_hooks when torch's agent is imported, this makes the agent:
+attempt label, projected by the downward API), KUBETRAIN_AGENT_PORT (the port of the pod's
+readiness probe and of the operator's orders), KUBETRAIN_POD_IP and KUBETRAIN_AGENT_TOKEN (the
+job's Secret); `kubetrain run --local` gives each node process the attempt file only, which it
+writes itself. Loaded by kubetrain.trainer.torchrun_hooks when torch's agent is imported, this
+makes the agent:
 
 1. start its workers as the attempt the file names: torchrun's restart count is that attempt, so
    every node's workers key the rendezvous store alike, and each worker is a fork of the warm
-   agent (trainer/warmstart.py); then listen on the agent port (the pod turns Ready) and print a
+   agent (trainer/warmstart.py); then answer Ready on the agent port (`AgentPort`) and print a
    `launch` record;
 2. when one of its workers fails, or another node's agent reports a failure of the same attempt
    in the rendezvous store torchrun's agents already share (checked every monitor interval):
-   stop its workers and stop listening (NotReady), register what it saw in the store, and once
+   stop its workers and answer NotReady, register what it saw in the store, and once
    every agent registered (or CONSOLIDATE_S passed) print a `failure` record naming the gang's
    first failure: its node, process rank, exit code, reason (OOMKilled when the pod's cgroup
    counted an OOM kill meanwhile) and message. The first is a cause before a consequence (a
    worker whose error says its peer's connection went away, `PEER_LOST`, died because another
    did), then the worker that died first (timed by ExitTimes), then the lowest node;
-3. hold until the file names a later attempt: the operator's decision (operator/status.py
-   `decide`: counted, judged by the failure policy), applied by relabelling the living pods;
-   then start the workers as that attempt. The file moving on while the workers run (the
-   operator restarting a stalled gang) stops them and starts the new attempt the same way.
-   The first agent whose file names it relays it through the store, so a pod whose kubelet
-   refreshes its file late does not hold the gang back.
+3. hold until the operator orders a later attempt: its decision (operator/status.py `decide`:
+   counted, judged by the failure policy), applied by relabelling the living pods and by a
+   signed order to each pod's agent port (operator/agent_io.py). The order is the fast path; the
+   label, through the attempt file, is the fallback for an order that did not arrive (the
+   kubelet refreshes the file on its own schedule, which has no bound). Then start the workers
+   as that attempt. An order while the workers run (the operator restarting a stalled gang)
+   stops them and starts the new attempt the same way. The first agent that learns the attempt
+   relays it through the store, so one agent reached late does not hold the gang back.
 
 Where the decision is not an in-place restart (a FailJob rule, no restarts left, a pod lost)
 the pods are deleted and the agent ends with them. The agents never restart on their own.
@@ -33,6 +37,8 @@ and torchrun's own behaviour (the gang is then recreated on a failure).
 from __future__ import annotations
 
 import contextlib
+import hmac
+import http.server
 import json
 import logging
 import os
@@ -46,7 +52,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kubetrain.api.contract import AGENT_PORT_ENV, ATTEMPT_ENV, ATTEMPT_FILE_ENV
+from kubetrain.api.contract import (
+    AGENT_PORT_ENV,
+    AGENT_TOKEN_ENV,
+    ATTEMPT_ENV,
+    ATTEMPT_FILE_ENV,
+    ORDER_PATH,
+    POD_IP_ENV,
+    READY_PATH,
+    order_signature,
+)
 from kubetrain.trainer import reach, warmstart
 
 log = logging.getLogger("kubetrain.agent")
@@ -59,6 +74,7 @@ HOLD_REPORT_S = 10.0  # how often a holding agent says it still waits
 CONSOLIDATE_S = 5.0
 STORE_PREFIX = "kubetrain/gang"
 MESSAGE_BYTES = 2048
+MAX_ORDER_BYTES = 1024
 STOP_TIMEOUT_S = 10  # for a killed worker to be reaped (one in uninterruptible sleep may never be)
 SIGNAL_EXIT_BASE = 128  # a worker killed by signal N reports 128+N, as container runtimes do
 OOM_EVENTS = (Path("/sys/fs/cgroup/memory.events"), Path("/sys/fs/cgroup/memory/memory.oom_control"))
@@ -100,41 +116,94 @@ def oom_kills() -> int:
     return 0
 
 
-class Readiness:
-    """The agent port: listening while the workers of the current attempt run (the pod's
-    readiness probe connects to it). Connections are accepted and closed in the monitor loop."""
+class AgentPort:
+    """The agent port, served by a thread of its own from the first start of the workers:
+    - `GET /ready` answers 200 while the workers of the current attempt run, 503 otherwise (the
+      pod's readiness probe);
+    - `POST /attempt` takes the operator's order of the next attempt, {"attempt": N, "signature":
+      order_signature(token, N)}: the operator's decision reaches the agent over the pod network,
+      whatever the kubelet does with the pod's attempt file. Without a token no order is taken.
+    The thread only sets attributes and writes nothing: the main thread forks workers, and a
+    fork while another thread holds an output stream's lock would leave the worker stuck on it."""
 
-    def __init__(self, port: int | None) -> None:
+    def __init__(self, port: int | None, host: str, token: str) -> None:
         self.port = port
-        self.sock: socket.socket | None = None
+        self.host = host or "0.0.0.0"
+        self.token = token
+        self.ready = False
+        self.ordered: int | None = None
+        self.refused: list[str] = []  # why orders were refused, for the main thread to log
+        self.server: http.server.ThreadingHTTPServer | None = None
 
     def open(self) -> None:
-        if self.port is None or self.sock is not None:
+        if self.port is None or self.server is not None:
             return
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        handler = _handler(self)
+        server_class = _Server6 if ":" in self.host else http.server.ThreadingHTTPServer
         try:
-            sock.bind(("0.0.0.0", self.port))
-            sock.listen(64)
+            self.server = server_class((self.host, self.port), handler)
         except OSError as error:
-            sock.close()
-            log.warning("the agent port %d cannot be opened (%s): the pod will not turn Ready", self.port, error)
+            log.warning(
+                "the agent port %s:%d cannot be opened (%s): the pod will not turn Ready", self.host, self.port, error
+            )
             return
-        sock.setblocking(False)
-        self.sock = sock
+        threading.Thread(target=self.server.serve_forever, name="kubetrain-agent-port", daemon=True).start()
 
-    def serve(self) -> None:
-        while self.sock is not None:
-            try:
-                conn, _ = self.sock.accept()
-            except (BlockingIOError, OSError):
+    def order(self, body: bytes) -> tuple[int, str]:
+        """An order's answer (HTTP status, text)."""
+        if not self.token:
+            return 403, "this agent takes no orders (no agent token)"
+        try:
+            order = json.loads(body)
+            attempt, signature = int(order["attempt"]), str(order["signature"])
+        except (ValueError, KeyError, TypeError):
+            return 400, 'expected {"attempt": N, "signature": "..."}'
+        if not hmac.compare_digest(signature, order_signature(self.token, attempt)):
+            self.refused.append(f"an order of attempt {attempt} with a wrong signature")
+            return 403, "wrong signature"
+        if self.ordered is None or attempt > self.ordered:
+            self.ordered = attempt
+        return 202, f"attempt {attempt} ordered"
+
+    def take_refusals(self) -> list[str]:
+        taken, self.refused = self.refused, []
+        return taken
+
+
+class _Server6(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def _handler(port: AgentPort) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != READY_PATH:
+                self._answer(404, "not found")
+            else:
+                self._answer(200 if port.ready else 503, "ready" if port.ready else "not running the workers")
+
+        def do_POST(self) -> None:
+            if self.path != ORDER_PATH:
+                self._answer(404, "not found")
                 return
-            conn.close()
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_ORDER_BYTES:
+                self._answer(413, "too long")
+                return
+            self._answer(*port.order(self.rfile.read(length)))
 
-    def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+        def _answer(self, status: int, text: str) -> None:
+            data = text.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:  # silent: see AgentPort
+            return
+
+    return Handler
 
 
 def stop(agent: Any, group: Any) -> None:
@@ -200,7 +269,10 @@ class InPlace:
     def __init__(self) -> None:
         self.path = os.environ[ATTEMPT_FILE_ENV]
         port = os.environ.get(AGENT_PORT_ENV, "")
-        self.readiness = Readiness(int(port) if port.isdigit() else None)
+        # Popped: the workers, which inherit this environment, never see the token.
+        token = os.environ.pop(AGENT_TOKEN_ENV, "")
+        self.port = AgentPort(int(port) if port.isdigit() else None, os.environ.get(POD_IP_ENV, ""), token)
+        self.port.open()
         found = read_attempt(self.path)
         self.attempt = found if found is not None else int(os.environ.get(ATTEMPT_ENV, "0") or 0)
         self.preloaded = False
@@ -223,7 +295,7 @@ class InPlace:
         # `pids` (local rank -> pid) is what torch's _start_workers returns; it sets the workers'
         # ids from it only after this hook, so group.workers cannot be read for them yet.
         self.exits.watch([pid for pid in pids.values() if isinstance(pid, int)])
-        self.readiness.open()
+        self.port.ready = True
         emit("launch", attempt=self.attempt, node=group.group_rank, workers=len(group.workers))
 
     # --- the monitor loop ----------------------------------------------------------------
@@ -231,13 +303,14 @@ class InPlace:
     def monitor(self, agent: Any, group: Any, result: Any, states: Any, poll: Callable[[], Any]) -> Any:
         """torchrun's verdict on its workers (`result`, `poll()` for a fresh one), or HEALTHY
         after an in-place restart."""
-        self.readiness.serve()
+        for refused in self.port.take_refusals():
+            log.warning("refused %s", refused)
         if result.state == states.SUCCEEDED:
             return result
         newer = self._ordered(group.store)
         if newer is not None:
             log.warning("attempt %d ordered while attempt %d runs: restarting the workers", newer, self.attempt)
-            self.readiness.close()
+            self.port.ready = False
             stop(agent, group)
             return self._start(agent, group, newer, result)
         own = result.state in (states.FAILED, states.UNHEALTHY)
@@ -249,7 +322,7 @@ class InPlace:
             # ask torchrun again, so that death is reported as ours.
             result = poll()
             own = result.state in (states.FAILED, states.UNHEALTHY)
-        self.readiness.close()
+        self.port.ready = False
         stop(agent, group)
         self._register(group, result if own else None)
         failure = self._consolidate(group)
@@ -319,17 +392,19 @@ class InPlace:
         return {key: first[key] for key in ("time", "node", "rank", "exit_code", "reason", "message")}
 
     def _ordered(self, store: Any) -> int | None:
-        """The attempt after this one once the operator ordered it: named by this pod's attempt
-        file (then relayed to the other agents through the store), or relayed by another agent
-        whose file named it first. Each pod's file is refreshed by its own kubelet, on that
-        kubelet's schedule: within a second as a rule, but a volume refresh may wait for the
-        pod's next periodic sync (a minute or more), and one late pod would hold the whole gang."""
+        """The attempt after this one once the operator ordered it: by its order to the agent
+        port, or named by this pod's attempt file (either is then relayed to the other agents
+        through the store), or relayed by another agent that learnt it first. The file alone is
+        not enough: each pod's file is refreshed by its own kubelet, on that kubelet's schedule,
+        within a second as a rule, but a volume refresh may wait for the pod's next periodic
+        sync (a minute or more; seen in CI), and no Kubernetes release promises a bound."""
         relay = self._key("next")
-        named = read_attempt(self.path)
-        if named is not None and named > self.attempt:
-            with contextlib.suppress(*STORE_ERRORS):
-                store.set(relay, str(named))
-            return named
+        ordered, named = self.port.ordered, read_attempt(self.path)
+        for own in (ordered, named):  # the operator's order first: it does not wait on the kubelet
+            if own is not None and own > self.attempt:
+                with contextlib.suppress(*STORE_ERRORS):
+                    store.set(relay, str(own))
+                return own
         try:
             relayed = int(store.get(relay)) if store.check([relay]) else None
         except STORE_ERRORS:
@@ -342,7 +417,7 @@ class InPlace:
         return None
 
     def _hold(self, store: Any) -> int:
-        log.warning("attempt %d of the gang stopped; waiting for %s to name the next", self.attempt, ATTEMPT_FILE_ENV)
+        log.warning("attempt %d of the gang stopped; waiting for the operator to order the next", self.attempt)
         started = report = time.monotonic()
         while True:
             attempt = self._ordered(store)
@@ -353,9 +428,11 @@ class InPlace:
                 # means its decision (or this pod's attempt file) is late; say so where it shows.
                 report = time.monotonic()
                 log.warning(
-                    "attempt %d of the gang stopped %.0f s ago; no next attempt named yet (%s says %s)",
+                    "attempt %d of the gang stopped %.0f s ago; no next attempt ordered yet (no order on the "
+                    "agent port%s; %s says %s)",
                     self.attempt,
                     report - started,
+                    "" if self.port.token else ": this agent has no token",
                     ATTEMPT_FILE_ENV,
                     read_attempt(self.path),
                 )

@@ -20,7 +20,13 @@ pytestmark = pytest.mark.unit
 
 def rendered_env(pod: dict[str, object]) -> dict[str, str]:
     container = pod["spec"]["containers"][0]  # type: ignore[index]
-    return {e["name"]: e["value"] for e in container["env"]}  # type: ignore[index]
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}  # type: ignore[index]
+
+
+def from_fields(pod: dict[str, object]) -> set[str]:
+    """The env names a pod takes from its own fields or a Secret (`valueFrom`)."""
+    container = pod["spec"]["containers"][0]  # type: ignore[index]
+    return {e["name"] for e in container["env"] if "valueFrom" in e}  # type: ignore[index]
 
 
 def test_only_the_rewrite_table_differs_from_the_rendered_pods(tmp_path: Path) -> None:
@@ -31,7 +37,8 @@ def test_only_the_rewrite_table_differs_from_the_rendered_pods(tmp_path: Path) -
     assert [n.argv for n in nodes] == [["torchrun", "-m", "kubetrain.trainer", "train"]] * 2
     for pod, node in zip(pods, nodes, strict=True):
         cluster = rendered_env(pod)
-        changed = {name for name, value in node.env.items() if cluster.get(name) != value}
+        fields = from_fields(pod)
+        changed = {name for name, value in node.env.items() if cluster.get(name) != value and name not in fields}
         assert changed == {
             "MASTER_ADDR",
             "PET_MASTER_ADDR",
@@ -51,6 +58,9 @@ def test_only_the_rewrite_table_differs_from_the_rendered_pods(tmp_path: Path) -
         assert node.env["KUBETRAIN_ATTEMPT_FILE"] == str(plan.attempt_file(node.rank))
         assert cluster["KUBETRAIN_ATTEMPT_FILE"].startswith("/etc/kubetrain-pod/")
         assert node.env["KUBETRAIN_AGENT_PORT"] == ""
+        # The pod's IP as its fieldRef reads it here; the operator's token (a Secret) has no use here.
+        assert fields == {"KUBETRAIN_POD_IP", "KUBETRAIN_AGENT_TOKEN"}
+        assert node.env["KUBETRAIN_POD_IP"] == "127.0.0.1" and "KUBETRAIN_AGENT_TOKEN" not in node.env
         assert node.env["MASTER_ADDR"] == node.env["PET_MASTER_ADDR"] == "127.0.0.1"
         assert node.env["MASTER_PORT"] == node.env["PET_MASTER_PORT"] == "41234"
         assert node.env["CUDA_VISIBLE_DEVICES"] == ""

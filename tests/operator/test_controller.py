@@ -54,6 +54,7 @@ class FakeKube:
         self.graces: list[int | None] = []
         self.calls: list[str] = []  # log streams opened and pods deleted, in order
         self.streams_open = True  # False: a stream's headers never come
+        self.secrets: list[tuple[str, int]] = []
 
     async def serves(self, api_version: str, plural: str) -> bool:
         self.discoveries += 1
@@ -67,6 +68,9 @@ class FakeKube:
         name = obj["metadata"]["name"]
         if name in self.refuse:
             raise self.refuse[name]
+        if obj["kind"] == "Secret":  # the in-place job's agent token: (name, children created before it)
+            self.secrets.append((name, len(self.created)))
+            return self.answer(obj)
         self.created.append(name)
         self.bodies[name] = obj
         await self.gate.wait()
@@ -137,10 +141,14 @@ def test_a_new_job_is_one_status_write_after_its_children() -> None:
     controller, kube = make()
     reconcile(controller)
     assert kube.created == ["j", "j-node-0", "j-node-1"] and len(kube.statuses) == 1
+    # The agents' token (runPolicy.restartStrategy InPlace, the default) exists before any pod reads it.
+    assert kube.secrets == [("j-kubetrain-agent", 0)]
     assert kube.events == [("Normal", "Created")]
     # Before any watch event arrived: the expectations hold the two pods and the Service.
     reconcile(controller)
     assert kube.created == ["j", "j-node-0", "j-node-1"] and len(kube.statuses) == 1
+    # The agents' token (runPolicy.restartStrategy InPlace, the default) exists before any pod reads it.
+    assert kube.secrets == [("j-kubetrain-agent", 0)]
 
 
 def test_the_watches_echoing_what_the_controller_wrote_wake_no_reconcile(monkeypatch: pytest.MonkeyPatch) -> None:

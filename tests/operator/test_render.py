@@ -90,6 +90,13 @@ def test_pod_env_contract_exact() -> None:
         {"name": "KUBETRAIN_ATTEMPT", "value": "4"},
         {"name": "KUBETRAIN_ATTEMPT_FILE", "value": "/etc/kubetrain-pod/attempt"},
         {"name": "KUBETRAIN_AGENT_PORT", "value": "29501"},
+        # Where the agent takes the operator's orders of the next attempt, and the token they
+        # are signed with (the job's Secret; optional: without it the agent follows the file).
+        {"name": "KUBETRAIN_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {
+            "name": "KUBETRAIN_AGENT_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "j-kubetrain-agent", "key": "token", "optional": True}},
+        },
         {"name": "FOO", "value": "bar"},
     ]
     # The config round-trips into the trainer's model unchanged.
@@ -194,7 +201,7 @@ def test_in_place_parts_follow_the_restart_strategy() -> None:
         {"name": "agent", "containerPort": 65534, "protocol": "TCP"},
     ]
     assert container["readinessProbe"] == {
-        "tcpSocket": {"port": "agent"},
+        "httpGet": {"path": "/ready", "port": "agent"},
         "periodSeconds": 1,
         "timeoutSeconds": 1,
         "successThreshold": 1,

@@ -2,7 +2,7 @@
 
 It registers a Node, binds the unscheduled pods of the namespaces it serves (playing the
 scheduler), starts each container's `command + args` with the pod's env, and reports real
-status back through the API server: Running with podIP 127.0.0.1, then each container's
+status back through the API server: Running with a podIP of its own, then each container's
 real exit code, phase Succeeded or Failed. Deleting a pod terminates its processes, reports
 how they ended and confirms the deletion, once, as a kubelet does (a pod held by a finalizer
 stays Terminating meanwhile); with `remove_deleted_logs` their logs go at once too. Its
@@ -11,11 +11,12 @@ support.kubelet_logs.LogServer), so the operator reads rank 0's progress, keeps 
 deleted pods, and `kubetrain logs` works. So a test can go apply -> operator -> pods ->
 training -> Succeeded on one machine.
 
-What a container would isolate is shared here, so four things are translated:
+What a container would isolate is shared here, so three things are translated:
 - every pod has the node's loopback: env values that are in-cluster DNS names
-  (`*.svc`, `*.svc.<domain>`) become 127.0.0.1; pods of one job must use distinct ports;
-- a port a tcpSocket readiness probe checks (the in-place restart's agent port) becomes a free
-  port of its own per pod, in the probe and in every env value that names it;
+  (`*.svc`, `*.svc.<domain>`) become 127.0.0.1; pods of one job must use distinct ports,
+  except where a process binds its pod's own IP: each pod's IP is an address of its own in
+  127.0.0.0/8 (status.podIP, and its fieldRef), which the in-place restart's agent listens on
+  (its readiness probe and the operator's orders, as on a cluster);
 - volume mount paths are rewritten, in command, args and env values, to host directories
   under the node's workdir: one per PersistentVolumeClaim (shared by the pods that mount it)
   and one per pod for every other volume; a ConfigMap volume's directory holds its keys as
@@ -23,10 +24,11 @@ What a container would isolate is shared here, so four things are translated:
 - the image is ignored: executables come from PATH with this interpreter's bin dir first, and
   kubetrain's torchrun hooks load in every Python as the trainer image's .pth loads them
   (PYTHONPATH starts with the sitecustomize `kubetrain run --local` uses).
-Init containers run first, one after another. restartPolicy is treated as Never. A tcpSocket
-readiness probe is tried every poll (0.2 s) and sets Ready; a downward API volume's files of
-`metadata.labels[...]`/`metadata.annotations[...]` are written at start and rewritten when the
-pod's labels change (a kubelet does within a second).
+Init containers run first, one after another. restartPolicy is treated as Never. A tcpSocket or
+httpGet readiness probe of the pod's IP is tried every poll (0.2 s) and sets Ready; a downward
+API volume's files of `metadata.labels[...]`/`metadata.annotations[...]` are written at start and
+rewritten when the pod's labels change (a kubelet does within a second; with
+`refresh_downward_api=False` never, as a kubelet that is late without bound).
 
     with ProcessNode(control_plane.api_client, namespaces=[ns], workdir=tmp_path) as node:
         ...create pods or a TrainingJob...
@@ -80,7 +82,8 @@ class _Pod:
     started: str = ""
     phase: str = "Pending"
     stopping: bool = False
-    probe_port: int | None = None  # the local port standing in for a tcpSocket readiness probe's
+    ip: str = "127.0.0.1"
+    probe: tuple[int, str | None] | None = None  # a readiness probe's port, and its HTTP path (None: tcpSocket)
     ready: bool = False
     ready_at: str = ""
     projected: dict[Path, str] = field(default_factory=dict)  # downward API file -> what it holds
@@ -101,6 +104,7 @@ class ProcessNode:
         extra_env: dict[str, str] | None = None,
         remove_deleted_logs: bool = False,
         no_log_once_deleted: bool = False,
+        refresh_downward_api: bool = True,
     ) -> None:
         self.api = new_api_client()
         self.core = client.CoreV1Api(self.api)
@@ -115,6 +119,8 @@ class ProcessNode:
         # a removed container (200, one line: ContainerRemoved); only a stream opened before the
         # delete goes on.
         self.no_log_once_deleted = no_log_once_deleted
+        self.refresh_downward_api = refresh_downward_api
+        self._ips = 0
         self.pods: dict[str, _Pod] = {}
         self.deleted: set[str] = set()  # uids whose deletion this node has confirmed
         self._named: dict[tuple[str, str], _Pod] = {}  # the newest pod of each (namespace, name)
@@ -227,7 +233,8 @@ class ProcessNode:
             elif state is None and pod.status.phase in (None, "Pending"):
                 self._launch(pod)
             elif state is not None and state.phase == "Running":
-                self._project(pod, state)
+                if self.refresh_downward_api:
+                    self._project(pod, state)
                 self._reap(state)
                 if state.phase == "Running":
                     self._probe(state)
@@ -281,7 +288,8 @@ class ProcessNode:
         self._named[(ns, name)] = state
         state.started = now()
         state.ready_at = state.started
-        state.probe_port = self._probe_port(pod)
+        state.ip = self._next_ip()
+        state.probe = self._readiness_probe(pod)
         self._project(pod, state)
         for init in pod.spec.init_containers or []:
             code = self._spawn(pod, init, mounts, state).proc.wait()
@@ -328,30 +336,23 @@ class ProcessNode:
             (host / path).parent.mkdir(parents=True, exist_ok=True)
             (host / path).write_text(data[key])
 
-    @staticmethod
-    def _probe_port(pod: Any) -> int | None:
-        """A free local port for the pod's tcpSocket readiness probe (pods share loopback)."""
-        for container in pod.spec.containers:
-            probe = container.readiness_probe
-            if probe is None or probe.tcp_socket is None:
-                continue
-            with contextlib.closing(socket.socket()) as sock:
-                sock.bind(("127.0.0.1", 0))
-                return int(sock.getsockname()[1])
-        return None
+    def _next_ip(self) -> str:
+        """An address of 127.0.0.0/8 for the next pod (the whole block is loopback on Linux)."""
+        self._ips += 1
+        return f"127.42.{self._ips // 250 % 250}.{self._ips % 250 + 2}"
 
     @staticmethod
-    def _probed(pod: Any) -> set[str]:
-        """The container port numbers (as text) that a tcpSocket readiness probe checks."""
-        found = set()
+    def _readiness_probe(pod: Any) -> tuple[int, str | None] | None:
+        """The port (a container port's name resolved) and HTTP path of the pod's readiness probe."""
         for container in pod.spec.containers:
             probe = container.readiness_probe
-            if probe is None or probe.tcp_socket is None:
+            action = probe and (probe.http_get or probe.tcp_socket)
+            if action is None:
                 continue
-            port = probe.tcp_socket.port
             named = {p.name: p.container_port for p in container.ports or []}
-            found.add(str(named.get(port, port)))
-        return found
+            port = named.get(action.port, action.port)
+            return int(port), (probe.http_get.path or "/") if probe.http_get is not None else None
+        return None
 
     def _project(self, pod: Any, state: _Pod) -> None:
         """Write (or rewrite) the downward API volumes' label and annotation files, atomically."""
@@ -374,11 +375,17 @@ class ProcessNode:
                 state.projected[path] = value
 
     def _probe(self, state: _Pod) -> None:
-        if state.probe_port is None:
+        if state.probe is None:
             return
+        port, path = state.probe
         try:
-            with socket.create_connection(("127.0.0.1", state.probe_port), timeout=0.2):
-                ready = True
+            with socket.create_connection((state.ip, port), timeout=0.5) as sock:
+                if path is None:
+                    ready = True
+                else:  # as a kubelet's httpGet probe: any 2xx or 3xx answer
+                    sock.sendall(f"GET {path} HTTP/1.0\r\nHost: {state.ip}\r\n\r\n".encode())
+                    answer = sock.recv(64).decode(errors="replace").split()
+                    ready = len(answer) > 1 and answer[1][:1] in ("2", "3")
         except OSError:
             ready = False
         if ready != state.ready:
@@ -410,10 +417,6 @@ class ProcessNode:
             else:
                 env[var.name] = self._value_from(pod, var.value_from)
         env = {k: self._rewrite(v, mounts) for k, v in env.items()}
-        state = next((s for s in self.pods.values() if s.uid == pod.metadata.uid), None)
-        if state is not None and state.probe_port is not None:
-            probed = self._probed(pod)
-            env = {k: str(state.probe_port) if v in probed else v for k, v in env.items()}
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         python_path = os.pathsep.join(p for p in (str(SITE_DIR), env.get("PYTHONPATH", "")) if p)
         base = {**os.environ, "PATH": path, "HOSTNAME": pod.metadata.name, **self.extra_env, **env}
@@ -430,7 +433,7 @@ class ProcessNode:
                 "metadata.uid": meta.uid,
                 "spec.nodeName": self.node_name,
                 "spec.serviceAccountName": pod.spec.service_account_name,
-                "status.podIP": "127.0.0.1",
+                "status.podIP": self._ip_of(pod),
                 "status.hostIP": "127.0.0.1",
             }
             if path in simple:
@@ -444,10 +447,22 @@ class ProcessNode:
             return str((self.core.read_namespaced_config_map(ref.name, ns).data or {})[ref.key])
         if source.secret_key_ref is not None:
             ref = source.secret_key_ref
-            return base64.b64decode((self.core.read_namespaced_secret(ref.name, ns).data or {})[ref.key]).decode()
+            try:
+                data = self.core.read_namespaced_secret(ref.name, ns).data or {}
+            except client.ApiException as exc:
+                if exc.status != 404 or not ref.optional:
+                    raise
+                data = {}
+            if ref.key not in data and ref.optional:
+                return ""
+            return base64.b64decode(data[ref.key]).decode()
         if source.resource_field_ref is not None:
             return "1"
         raise ValueError(f"{pod.metadata.name}: unsupported valueFrom {source}")
+
+    def _ip_of(self, pod: Any) -> str:
+        state = self.pods.get(pod.metadata.uid)
+        return state.ip if state is not None else "127.0.0.1"
 
     def _spawn(self, pod: Any, container: Any, mounts: dict[str, Path], state: _Pod) -> ProcessTree:
         env = self._env(pod, container, mounts)
@@ -556,11 +571,11 @@ class ProcessNode:
             else:
                 statuses.append({**self._container_status(state, c.name, tree.proc), "image": images[c.name]})
         running = state.phase == "Running"
-        ready = running and (state.ready or state.probe_port is None)
+        ready = running and (state.ready or state.probe is None)
         flag = "True" if ready else "False"
         stamp = now()
         # Readiness moves when the probe's answer changes (lastTransitionTime with it).
-        ready_at = state.ready_at if state.probe_port is not None and running else stamp
+        ready_at = state.ready_at if state.probe is not None and running else stamp
         conditions = [
             {"type": kind, "status": value, "lastTransitionTime": at}
             for kind, value, at in (
@@ -573,8 +588,8 @@ class ProcessNode:
         status: dict[str, Any] = {
             "phase": state.phase,
             "hostIP": "127.0.0.1",
-            "podIP": "127.0.0.1",
-            "podIPs": [{"ip": "127.0.0.1"}],
+            "podIP": state.ip,
+            "podIPs": [{"ip": state.ip}],
             "startTime": state.started,
             "conditions": conditions,
             "containerStatuses": statuses,

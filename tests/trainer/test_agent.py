@@ -1,5 +1,6 @@
 """The in-place restart's pieces inside torchrun's agent, without torchrun: the warm fork start,
-the readiness port, the attempt file, and the one report of a gang's first failure."""
+the agent port (readiness and the operator's orders), the attempt file, and the one report of a
+gang's first failure."""
 
 from __future__ import annotations
 
@@ -12,13 +13,16 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kubetrain.api.contract import order_signature
 from kubetrain.trainer import agent, warmstart
-from kubetrain.trainer.agent import InPlace, Readiness, error_text, read_attempt
+from kubetrain.trainer.agent import AgentPort, InPlace, error_text, read_attempt
 
 pytestmark = pytest.mark.unit
 PY = sys.executable
@@ -98,34 +102,77 @@ def test_a_fork_of_an_agent_that_asked_cuda_runs_cold_where_there_are_gpus(
     assert ("starting the worker cold" in done.stderr) is cold
 
 
+def _http(port: int, path: str, body: dict[str, Any] | None = None) -> tuple[int, str]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=data, method="GET" if data is None else "POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
 def test_a_forked_worker_closes_the_agents_sockets(tmp_path: Path) -> None:
-    """A worker holding the readiness listener would keep the pod Ready while its agent waits."""
-    ready = Readiness(_free_port())
-    ready.open()
+    """A worker holding the agent port's listener would keep answering for its agent."""
+    port = AgentPort(_free_port(), "127.0.0.1", "")
+    port.open()
     script = tmp_path / "sleep.py"
-    script.write_text("import time\ntime.sleep(30)\n")
+    script.write_text("import os, time\nprint(sorted(os.listdir('/proc/self/fd')), flush=True)\ntime.sleep(30)\n")
     forked = warmstart.fork([PY, str(script)], dict(os.environ))
     assert forked is not None
     try:
-        time.sleep(0.5)
-        ready.close()
-        with pytest.raises(OSError):
-            socket.create_connection(("127.0.0.1", ready.port or 0), timeout=1).close()
+        time.sleep(1.0)
+        sockets = [
+            fd
+            for fd in os.listdir(f"/proc/{forked.pid}/fd")
+            if os.readlink(f"/proc/{forked.pid}/fd/{fd}").startswith("socket:")
+        ]
+        assert sockets == []
     finally:
         forked.kill()
         forked.wait(10)
+        assert port.server is not None
+        port.server.shutdown()
+        port.server.server_close()
 
 
-def test_readiness_accepts_while_open_and_refuses_once_closed() -> None:
-    ready = Readiness(_free_port())
-    ready.open()
-    for _ in range(3):
-        socket.create_connection(("127.0.0.1", ready.port or 0), timeout=1).close()
-        ready.serve()
-    ready.close()
-    with pytest.raises(OSError):
-        socket.create_connection(("127.0.0.1", ready.port or 0), timeout=1).close()
-    Readiness(None).open()  # no port (kubetrain run --local): nothing listens
+def test_the_agent_port_answers_ready_only_while_the_workers_run() -> None:
+    port = AgentPort(_free_port(), "127.0.0.1", "")
+    port.open()
+    assert port.port is not None and port.server is not None
+    try:
+        assert _http(port.port, "/ready")[0] == 503, "not Ready before the workers start"
+        port.ready = True
+        assert _http(port.port, "/ready")[0] == 200
+        port.ready = False
+        assert _http(port.port, "/ready")[0] == 503, "holding a failed gang: NotReady"
+        assert _http(port.port, "/elsewhere")[0] == 404
+    finally:
+        port.server.shutdown()
+        port.server.server_close()
+    AgentPort(None, "", "").open()  # no port (kubetrain run --local): nothing listens
+
+
+def test_the_agent_port_takes_only_orders_signed_with_the_jobs_token() -> None:
+    port = AgentPort(_free_port(), "127.0.0.1", "s3cret")
+    port.open()
+    assert port.port is not None and port.server is not None
+    try:
+        assert _http(port.port, "/attempt", {"attempt": 2, "signature": order_signature("guess", 2)})[0] == 403
+        assert _http(port.port, "/attempt", {"attempt": 2})[0] == 400
+        assert port.ordered is None and port.take_refusals() == ["an order of attempt 2 with a wrong signature"]
+        assert _http(port.port, "/attempt", {"attempt": 2, "signature": order_signature("s3cret", 2)})[0] == 202
+        assert port.ordered == 2
+        # An older order (a late retry) never moves the agent back.
+        assert _http(port.port, "/attempt", {"attempt": 1, "signature": order_signature("s3cret", 1)})[0] == 202
+        assert port.ordered == 2
+    finally:
+        port.server.shutdown()
+        port.server.server_close()
+    untrusting = AgentPort(None, "", "")
+    assert untrusting.order(json.dumps({"attempt": 1, "signature": order_signature("", 1)}).encode())[0] == 403
 
 
 def test_the_attempt_file(tmp_path: Path) -> None:
@@ -321,6 +368,38 @@ def test_the_next_attempt_is_relayed_to_an_agent_whose_attempt_file_is_late(
     assert agents[1]._ordered(store) is None
 
 
+@pytest.mark.timeout(60)  # without the order nothing names the next attempt: it would wait forever
+def test_a_holding_agent_whose_attempt_file_never_changes_starts_the_attempt_the_operator_orders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kubelet never refreshes either pod's attempt file: the operator's signed order to one
+    agent's port starts it, and the other agent learns the attempt from it through the store."""
+    store, ports, agents = Store(), [_free_port(), _free_port()], []
+    for node, port in enumerate(ports):
+        path = tmp_path / f"attempt-{node}"
+        path.write_text("0")
+        path.chmod(0o444)
+        monkeypatch.setenv("KUBETRAIN_ATTEMPT_FILE", str(path))
+        monkeypatch.setenv("KUBETRAIN_AGENT_PORT", str(port))
+        monkeypatch.setenv("KUBETRAIN_POD_IP", "127.0.0.1")
+        monkeypatch.setenv("KUBETRAIN_AGENT_TOKEN", "s3cret")
+        agents.append(InPlace())
+        assert "KUBETRAIN_AGENT_TOKEN" not in os.environ, "taken out of what the workers inherit"
+    try:
+        assert [a._ordered(store) for a in agents] == [None, None]
+        order = {"attempt": 1, "signature": order_signature("s3cret", 1)}
+        assert _http(ports[0], "/attempt", order)[0] == 202
+        started = time.monotonic()
+        assert agents[0]._hold(store) == 1
+        assert agents[1]._hold(store) == 1, "relayed through the store"
+        assert time.monotonic() - started < 1
+    finally:
+        for one in agents:
+            assert one.port.server is not None
+            one.port.server.shutdown()
+            one.port.server.server_close()
+
+
 @pytest.mark.timeout(60)  # without the report nothing names the next attempt: it would wait forever
 def test_a_holding_agent_says_how_long_it_has_waited(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
@@ -335,7 +414,7 @@ def test_a_holding_agent_says_how_long_it_has_waited(
         """The operator's decision arrives right after the first report (whatever the load)."""
 
         def emit(self, record: logging.LogRecord) -> None:
-            if "no next attempt named yet" in record.getMessage():
+            if "no next attempt ordered yet" in record.getMessage():
                 path.write_text("1")
 
     handler = NameTheNextOnceReported()
@@ -345,7 +424,7 @@ def test_a_holding_agent_says_how_long_it_has_waited(
             assert one._hold(Store()) == 1
     finally:
         logging.getLogger("kubetrain.agent").removeHandler(handler)
-    waits = [r.getMessage() for r in caplog.records if "no next attempt named yet" in r.getMessage()]
+    waits = [r.getMessage() for r in caplog.records if "no next attempt ordered yet" in r.getMessage()]
     assert waits and "KUBETRAIN_ATTEMPT_FILE says 0" in waits[0], waits
 
 
