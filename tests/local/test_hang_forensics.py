@@ -7,7 +7,7 @@ import inspect
 from pathlib import Path
 
 import pytest
-from support.jobs import write_job
+from support.jobs import bare_job, write_job
 from support.local_runs import finish_run, run_status
 from support.workloads import hang_rank1
 
@@ -20,16 +20,8 @@ HANG_LINE = next(n for n, line in enumerate(SCRIPT.read_text().splitlines(), 1) 
 
 
 def hang_job(hang_timeout: int) -> dict[str, object]:
-    return {
-        "apiVersion": "kubetrain.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": "hang"},
-        "spec": {
-            "nodes": 3,
-            "command": ["torchrun", str(SCRIPT)],
-            "runPolicy": {"maxRestarts": 1, "hangTimeoutSeconds": hang_timeout},
-        },
-    }
+    run_policy = {"maxRestarts": 1, "hangTimeoutSeconds": hang_timeout}
+    return bare_job("hang", nodes=3, command=["torchrun", str(SCRIPT)], runPolicy=run_policy)
 
 
 def test_the_stalled_failure_names_rank_1_and_its_line(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.jobs import BYO_DATA, write_job
+from support.jobs import BYO_DATA, bare_job, write_job
 from support.local_runs import run_cli
 
 from kubetrain.api.models import TrainingJob
@@ -19,14 +19,7 @@ pytestmark = pytest.mark.unit
 
 
 def job(template: dict[str, Any], **spec: Any) -> TrainingJob:
-    return TrainingJob.model_validate(
-        {
-            "apiVersion": "kubetrain.dev/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": "j"},
-            "spec": {"command": ["python", "train.py"], "template": template, **spec},
-        }
-    )
+    return TrainingJob.model_validate(bare_job(command=["python", "train.py"], template=template, **spec))
 
 
 def trainer(volumes: list[dict[str, Any]], mounts: list[dict[str, Any]], **container: Any) -> dict[str, Any]:
@@ -175,20 +168,16 @@ def test_working_dir_empty_dir_and_host_path_through_real_processes(tmp_path: Pa
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "data.txt").write_text("payload")
     script = "import os, shutil, sys; shutil.copy(sys.argv[1], f'copy-{os.environ[\"NODE_RANK\"]}.txt')"
-    document = {
-        "apiVersion": "kubetrain.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": "mounts"},
-        "spec": {
-            "nodes": 2,
-            "command": [sys.executable, "-c", script, "/in/data.txt"],
-            "template": trainer(
-                [{"name": "in", "hostPath": {"path": str(tmp_path / "in")}}, {"name": "work", "emptyDir": {}}],
-                [{"name": "in", "mountPath": "/in"}, {"name": "work", "mountPath": "/work"}],
-                workingDir="/work",
-            ),
-        },
-    }
+    document = bare_job(
+        "mounts",
+        nodes=2,
+        command=[sys.executable, "-c", script, "/in/data.txt"],
+        template=trainer(
+            [{"name": "in", "hostPath": {"path": str(tmp_path / "in")}}, {"name": "work", "emptyDir": {}}],
+            [{"name": "in", "mountPath": "/in"}, {"name": "work", "mountPath": "/work"}],
+            workingDir="/work",
+        ),
+    )
     run_dir = tmp_path / "run"
     done = run_cli("run", str(write_job(tmp_path, document)), "--local", "--run-dir", str(run_dir), timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from support.jobs import bare_job
 from support.pods import T0, pod_view
 
 from kubetrain.api.models import Progress, TrainingJob, TrainingJobStatus
@@ -120,14 +121,8 @@ def test_blame(stacks: dict[int, list[tuple[str, int, str]]], world: int, rank: 
 
 
 def test_a_stall_decided_with_stacks_names_the_culprit_in_the_condition_and_failures() -> None:
-    job = TrainingJob.model_validate(
-        {
-            "apiVersion": "kubetrain.dev/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": "j", "namespace": "ns", "uid": "u", "generation": 1},
-            "spec": {"nodes": 3, "runPolicy": {"hangTimeoutSeconds": 60}},
-        }
-    )
+    metadata = {"namespace": "ns", "uid": "u", "generation": 1}
+    job = TrainingJob.model_validate(bare_job(metadata=metadata, nodes=3, runPolicy={"hangTimeoutSeconds": 60}))
     pods = [pod_view(job, r, phase="Running", job_uid="u") for r in range(3)]
     first = decide(job, "u", pods, True, T0)
     running = first.status.model_copy(update={"progress": Progress(step=5, updated_at=T0)})

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from support.decisions import advance, cond, make_job, message_of, step
 from support.pods import T0, pod_view
-from test_status import advance, cond, make_job, message_of, step
 
 from kubetrain.api.models import Timeline, TrainingJob
 from kubetrain.api.records import GangFailure

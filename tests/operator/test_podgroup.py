@@ -7,14 +7,15 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from support.decisions import advance, cond, step
 from support.jobs import job_model
 from support.pods import JOB_UID as UID
 from support.pods import T0, pod_view
 
-from kubetrain.api.models import TrainingJob, TrainingJobStatus
+from kubetrain.api.models import TrainingJob
 from kubetrain.operator import podgroup
 from kubetrain.operator.conditions import get_condition
-from kubetrain.operator.decision import Decision, Policy
+from kubetrain.operator.decision import Policy
 from kubetrain.operator.render import owner_reference
 from kubetrain.operator.status import decide
 
@@ -26,6 +27,8 @@ NATIVE, NONE = "native", "none"
 SERVED = frozenset({"scheduling.k8s.io/v1alpha2"})
 COSCHEDULING = frozenset({"scheduling.x-k8s.io/v1alpha1"})
 NOTHING: frozenset[str] = frozenset()
+# The operator's policy once it asked the API server which group APIs it serves (or before).
+ON_SERVED, ON_NOTHING, NOT_ASKED = Policy(group_apis=SERVED), Policy(group_apis=NOTHING), Policy(group_apis=None)
 PLUGINS = "scheduler-plugins-scheduler"
 
 
@@ -124,41 +127,28 @@ def make_job(**spec: Any) -> TrainingJob:
     return job
 
 
-def step(job: TrainingJob, served: frozenset[str] | None, pods: list[Any] | None = None) -> Decision:
-    return decide(job, UID, pods or [], True, T0, Policy(group_apis=served))
-
-
-def advance(job: TrainingJob, decision: Decision) -> TrainingJob:
-    return job.model_copy(update={"status": TrainingJobStatus.model_validate(decision.status.wire())})
-
-
-def cond(decision: Decision, kind: str) -> tuple[str, str] | None:
-    c = get_condition(decision.status, kind)
-    return None if c is None else (c.status, c.reason)
-
-
 def test_a_new_attempt_records_its_mode_and_the_gang_announces_itself() -> None:
-    d = step(make_job(), SERVED)
+    d = step(make_job(), policy=ON_SERVED)
     assert cond(d, podgroup.CONDITION) == ("True", "PodGroup") and d.create_ranks == [0, 1]
     assert [e.reason for e in d.events] == [podgroup.CONDITION, "Created"]
-    fallback = step(make_job(), NOTHING)
+    fallback = step(make_job(), policy=ON_NOTHING)
     assert cond(fallback, podgroup.CONDITION) == ("False", "NotServed") and fallback.create_ranks == [0, 1]
     assert [e.reason for e in fallback.events] == ["Created"]  # the condition says it; no Event
 
 
 def test_the_mode_is_kept_while_the_attempt_has_pods() -> None:
-    job = advance(make_job(), step(make_job(), SERVED))
+    job = advance(make_job(), step(make_job(), policy=ON_SERVED))
     pods = [pod_view(job, r) for r in range(2)]
     # Discovery changed its answer mid-attempt: the pods already joined their PodGroup.
-    assert cond(step(job, NOTHING, pods), podgroup.CONDITION) == ("True", "PodGroup")
+    assert cond(step(job, pods, policy=ON_NOTHING), podgroup.CONDITION) == ("True", "PodGroup")
 
 
 def test_the_local_runner_has_no_scheduler_to_ask() -> None:
-    assert cond(step(make_job(), None), podgroup.CONDITION) is None
+    assert cond(step(make_job(), policy=NOT_ASKED), podgroup.CONDITION) is None
 
 
 def test_native_where_the_api_is_not_served_fails_the_job_before_any_pod() -> None:
-    d = step(make_job(scheduling={"gang": "native"}), NOTHING)
+    d = step(make_job(scheduling={"gang": "native"}), policy=ON_NOTHING)
     assert cond(d, "Failed") == ("True", "GangSchedulingUnavailable") and d.create_ranks == []
     assert [(e.type, e.reason) for e in d.events] == [("Warning", "GangSchedulingUnavailable")]
 
@@ -172,30 +162,30 @@ UNSCHEDULABLE = {
 
 
 def test_unschedulable_pods_are_explained_with_the_schedulers_message() -> None:
-    job = advance(make_job(), step(make_job(), SERVED))
+    job = advance(make_job(), step(make_job(), policy=ON_SERVED))
     waiting = [pod_view(job, r, conditions=[UNSCHEDULABLE]) for r in range(2)]
-    d = step(job, SERVED, waiting)
+    d = step(job, waiting, policy=ON_SERVED)
     condition = get_condition(d.status, "PodsScheduled")
     assert condition is not None and (condition.status, condition.reason) == ("False", "Unschedulable")
     assert condition.message == "pod j-node-0: 0/3 nodes are available: 3 Insufficient cpu."
     assert [(e.type, e.reason) for e in d.events] == [("Warning", "Unschedulable")]
     job = advance(job, d)
-    assert step(job, SERVED, waiting).events == []  # still waiting: one Event, not one per pass
+    assert step(job, waiting, policy=ON_SERVED).events == []  # still waiting: one Event, not one per pass
     placed = [pod_view(job, r, node="n1") for r in range(2)]
-    assert cond(step(job, SERVED, placed), "PodsScheduled") == ("True", "AllPodsScheduled")
+    assert cond(step(job, placed, policy=ON_SERVED), "PodsScheduled") == ("True", "AllPodsScheduled")
 
 
 def test_the_scheduling_timeout_still_fails_an_unplaceable_gang() -> None:
     job = make_job(runPolicy={"schedulingTimeoutSeconds": 60})
-    job = advance(job, step(job, SERVED))
+    job = advance(job, step(job, policy=ON_SERVED))
     waiting = [pod_view(job, r, conditions=[UNSCHEDULABLE]) for r in range(2)]
     d = decide(job, UID, waiting, True, T0 + timedelta(seconds=61), Policy(group_apis=SERVED))
     assert cond(d, "Failed") == ("True", "Unschedulable")
 
 
 def test_a_job_never_unschedulable_gets_no_pods_scheduled_condition() -> None:
-    job = advance(make_job(), step(make_job(), SERVED))
-    assert cond(step(job, SERVED, [pod_view(job, r, node="n1") for r in range(2)]), "PodsScheduled") is None
+    job = advance(make_job(), step(make_job(), policy=ON_SERVED))
+    assert cond(step(job, [pod_view(job, r, node="n1") for r in range(2)], policy=ON_SERVED), "PodsScheduled") is None
 
 
 def test_the_scheduling_group_is_the_operators_not_the_templates() -> None:

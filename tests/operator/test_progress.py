@@ -160,8 +160,8 @@ def test_a_pod_that_turns_not_ready_during_its_attempt_is_read_for_a_held_failur
     from dataclasses import replace
     from datetime import timedelta
 
+    from support.decisions import make_job
     from support.pods import T0, pod_view
-    from test_status import make_job
 
     from kubetrain.api.models import Timeline, TrainingJobStatus
     from kubetrain.api.records import GangFailure

@@ -8,44 +8,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from support.decisions import advance, cond, make_job, message_of, step
 from support.pods import JOB_UID as UID
 from support.pods import T0, pod_view
 
-from kubetrain.api.models import LastCheckpoint, Progress, TrainingJob, TrainingJobStatus
+from kubetrain.api.models import LastCheckpoint, Progress, TrainingJob
 from kubetrain.operator.conditions import get_condition, is_true
 from kubetrain.operator.decision import DEFAULT_POLICY, Decision, StaleView
 from kubetrain.operator.pods import PodView
 from kubetrain.operator.render import render_pod
-from kubetrain.operator.status import decide
 
 pytestmark = pytest.mark.unit
-
-
-def make_job(status: dict[str, Any] | None = None, generation: int = 1, **spec: Any) -> TrainingJob:
-    spec.setdefault("nodes", 3)
-    doc: dict[str, Any] = {
-        "apiVersion": "kubetrain.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": "j", "namespace": "ns", "uid": UID, "generation": generation},
-        "spec": spec,
-    }
-    if status is not None:
-        doc["status"] = status
-    return TrainingJob.model_validate(doc)
-
-
-def step(job: TrainingJob, pods: list[PodView], now: datetime = T0, service: bool = True) -> Decision:
-    return decide(job, UID, pods, service, now)
-
-
-def advance(job: TrainingJob, decision: Decision) -> TrainingJob:
-    """The job as the API server holds it after the decision's status was written."""
-    return job.model_copy(update={"status": TrainingJobStatus.model_validate(decision.status.wire())})
-
-
-def cond(decision: Decision, kind: str) -> tuple[str, str] | None:
-    c = get_condition(decision.status, kind)
-    return None if c is None else (c.status, c.reason)
 
 
 def test_new_job_creates_service_and_every_pod() -> None:
@@ -480,12 +453,6 @@ def test_no_straggler_rule_before_the_work_is_saved(done: bool, checkpoint: int)
 
 EXIT_2_FAILS = {"failurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}}]}}
 DISRUPTION = {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet", "message": "evicted"}
-
-
-def message_of(decision: Decision, kind: str) -> str:
-    condition = get_condition(decision.status, kind)
-    assert condition is not None, kind
-    return condition.message
 
 
 def test_fail_job_rule_fails_at_once_naming_the_rule() -> None:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from kubernetes import client
 from support.controlplane import ControlPlane
+from support.jobs import bare_job
 from support.objects import Cluster, condition, has_condition
 from support.operator_process import OperatorProcess
 
@@ -98,12 +99,7 @@ def test_kubectl_apply_names_the_bad_affinity_field(crds_installed: ControlPlane
             }
         }
     }
-    job = {
-        "apiVersion": "kubetrain.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": "spread", "namespace": namespace},
-        "spec": {"nodes": 2, "template": template},
-    }
+    job = bare_job("spread", metadata={"namespace": namespace}, nodes=2, template=template)
     ok = crds_installed.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(job), check=False)
     assert ok.returncode != 0
     field = "spec.template.spec.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[0]"
@@ -173,14 +169,7 @@ def test_rendered_pods_are_pods_the_apiserver_accepts(
     crds_installed: ControlPlane, kube_api: Any, namespace: str, template: dict[str, Any]
 ) -> None:
     """What the renderer merges is a valid Pod, and the apiserver keeps all of it."""
-    model = TrainingJob.model_validate(
-        {
-            "apiVersion": "kubetrain.dev/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": "j"},
-            "spec": {"template": template},
-        }
-    )
+    model = TrainingJob.model_validate(bare_job(template=template))
     pod = render_pod(model, namespace, "0b6c3c2e-0000-0000-0000-000000000000", 0, 0)
     pod["metadata"].pop("ownerReferences")  # the owner does not exist; nothing here is about it
     created = client.CoreV1Api(kube_api).create_namespaced_pod(namespace, pod, dry_run="All")

@@ -31,6 +31,22 @@ BASE_JOB: dict[str, Any] = {
 }
 
 
+def bare_job(
+    name: str = "j", *, metadata: dict[str, Any] | None = None, status: dict[str, Any] | None = None, **spec: Any
+) -> dict[str, Any]:
+    """A TrainingJob document of only the spec fields given (the API's defaults for the rest:
+    no image, no training, no restarts, unlike BASE_JOB); `metadata` beside the name."""
+    job: dict[str, Any] = {
+        "apiVersion": "kubetrain.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name, **(metadata or {})},
+        "spec": spec,
+    }
+    if status is not None:
+        job["status"] = status
+    return job
+
+
 def valid_job(name: str = "valid-job", **spec: Any) -> dict[str, Any]:
     """BASE_JOB with top-level spec fields replaced."""
     job = copy.deepcopy(BASE_JOB)

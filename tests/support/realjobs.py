@@ -30,6 +30,7 @@ import yaml
 from kubetrain.api.records import records_in
 from support import controlplane, images
 from support import node as real
+from support.jobs import bare_job
 from support.operator_process import KUBETRAIN, OperatorProcess
 from support.waiting import wait_for
 
@@ -96,12 +97,7 @@ def job_manifest(
                 "volumes": [{"name": "overlay", "hostPath": {"path": str(overlay), "type": "Directory"}}],
             }
         }
-    return {
-        "apiVersion": "kubetrain.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
+    return bare_job(name, metadata={"namespace": namespace}, **spec)
 
 
 def pvc(name: str, namespace: str) -> dict[str, Any]:
