@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from support.decisions import advance
 from support.jobs import valid_job
 from support.pods import JOB_UID as UID
 from support.pods import T0, pod_view
@@ -188,7 +189,7 @@ def test_a_preempted_gang_is_deleted_uncharged_and_comes_back_as_a_new_attempt()
     assert len(d.delete_pods) == 2 and d.commit_first
     assert (d.status.attempt, d.status.restarts, d.status.uncounted_restarts) == (1, 0, 1)
     assert [e.reason for e in d.events] == ["Suspended"]
-    held = job.model_copy(update={"status": TrainingJobStatus.model_validate(d.status.wire())})
+    held = advance(job, d)
     again = decide(held, UID, [], True, T0 + timedelta(seconds=5), hold=PREEMPTED)
     assert again.status.uncounted_restarts == 1 and not again.events  # counted once
     resumed = decide(held, UID, [], True, T0 + timedelta(minutes=1))
@@ -199,7 +200,7 @@ def test_a_preempted_gang_is_deleted_uncharged_and_comes_back_as_a_new_attempt()
 
 def test_waiting_then_evicted_is_announced() -> None:
     waiting = decide(queued_job(), UID, [], False, T0, hold=WAITING)
-    job = queued_job().model_copy(update={"status": TrainingJobStatus.model_validate(waiting.status.wire())})
+    job = advance(queued_job(), waiting)
     d = decide(job, UID, [], False, T0, hold=PREEMPTED)
     assert [e.reason for e in d.events] == ["Suspended"] and d.status.uncounted_restarts == 0
 

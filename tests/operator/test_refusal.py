@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from support.decisions import cond
 from support.jobs import valid_job
 from support.pods import JOB_UID, T0, pod_view
 
@@ -103,11 +104,6 @@ def fresh() -> tuple[TrainingJobStatus, Decision]:
     return TrainingJobStatus(), decide(job, JOB_UID, [], False, T0)
 
 
-def pair(status: TrainingJobStatus, kind: str) -> tuple[str, str] | None:
-    c = get_condition(status, kind)
-    return None if c is None else (c.status, c.reason)
-
-
 def test_admitted_without_a_refusal_writes_the_decision_unchanged() -> None:
     previous, decision = fresh()
     status, events = settle(previous, decision, False, None, True, T0)
@@ -118,8 +114,8 @@ def test_transient_refusal_keeps_the_previous_status_and_shows_the_cause() -> No
     previous, decision = fresh()
     status, events = settle(previous, decision, False, classify(403, SA), False, T0)
     # Not the decision's status: it counted the refused pods as created.
-    assert pair(status, "Created") is None and status.replicas is None
-    assert pair(status, BLOCKED) == ("True", "ServiceAccountNotFound")
+    assert cond(status, "Created") is None and status.replicas is None
+    assert cond(status, BLOCKED) == ("True", "ServiceAccountNotFound")
     assert status.phase == "Pending" and status.completion_time is None
     assert status.start_time == T0  # the job's clock runs from the first try (activeDeadlineSeconds)
     assert [(e.type, e.reason) for e in events] == [("Warning", BLOCKED)]
@@ -140,7 +136,7 @@ def test_a_new_cause_posts_again_without_moving_the_transition_time() -> None:
     status, events = settle(
         blocked, decide(written(blocked), JOB_UID, [], False, T1), False, classify(403, QUOTA), False, T1
     )
-    assert pair(status, BLOCKED) == ("True", "QuotaExceeded") and [e.reason for e in events] == [BLOCKED]
+    assert cond(status, BLOCKED) == ("True", "QuotaExceeded") and [e.reason for e in events] == [BLOCKED]
     condition = get_condition(status, BLOCKED)
     assert condition is not None and condition.last_transition_time == T0
 
@@ -150,11 +146,11 @@ def test_admitted_after_blocked_clears_the_condition() -> None:
     blocked, _ = settle(previous, decision, False, classify(403, SA), False, T0)
     again = decide(written(blocked), JOB_UID, [], False, T1)
     status, events = settle(blocked, again, False, None, True, T1)
-    assert pair(status, BLOCKED) == ("False", "Admitted") and pair(status, "Created") == ("True", "PodsCreated")
+    assert cond(status, BLOCKED) == ("False", "Admitted") and cond(status, "Created") == ("True", "PodsCreated")
     assert [e.reason for e in events] == ["Created"]  # the decision's own events
     # Nothing created in this pass (the names still taken by terminating pods): still blocked.
     unchanged, _ = settle(blocked, again, False, None, False, T1)
-    assert pair(unchanged, BLOCKED) == ("True", "ServiceAccountNotFound")
+    assert cond(unchanged, BLOCKED) == ("True", "ServiceAccountNotFound")
 
 
 def test_a_job_that_ended_while_blocked_is_no_longer_blocked() -> None:
@@ -163,7 +159,7 @@ def test_a_job_that_ended_while_blocked_is_no_longer_blocked() -> None:
     suspended = written(blocked).model_copy(deep=True)
     suspended.spec.run_policy.suspend = True
     status, _ = settle(blocked, decide(suspended, JOB_UID, [], False, T1), False, None, False, T1)
-    assert pair(status, BLOCKED) == ("False", "Suspended")
+    assert cond(status, BLOCKED) == ("False", "Suspended")
 
 
 def test_a_job_blocked_for_ever_still_meets_its_deadline() -> None:
@@ -172,7 +168,7 @@ def test_a_job_blocked_for_ever_still_meets_its_deadline() -> None:
     late = T0 + timedelta(seconds=10)
     expired = decide(make_job(blocked.wire(), activeDeadlineSeconds=10), JOB_UID, [], False, late)
     status, events = settle(blocked, expired, False, None, False, late)
-    assert pair(status, "Failed") == ("True", "DeadlineExceeded") and pair(status, BLOCKED) == ("False", "Failed")
+    assert cond(status, "Failed") == ("True", "DeadlineExceeded") and cond(status, BLOCKED) == ("False", "Failed")
     assert [e.reason for e in events] == ["DeadlineExceeded"]
 
 
@@ -182,8 +178,8 @@ def test_an_invalid_pod_fails_the_job_at_once() -> None:
     status, events = settle(
         blocked, decide(written(blocked), JOB_UID, [], False, T1), False, classify(422, INVALID), False, T1
     )
-    assert pair(status, "Failed") == ("True", FAILED) and status.phase == "Failed"
-    assert status.completion_time == T1 and pair(status, BLOCKED) == ("False", FAILED)
+    assert cond(status, "Failed") == ("True", FAILED) and status.phase == "Failed"
+    assert status.completion_time == T1 and cond(status, BLOCKED) == ("False", FAILED)
     assert [(e.type, e.reason) for e in events] == [("Warning", FAILED)] and INVALID in events[0].message
 
 
@@ -195,5 +191,5 @@ def test_a_committed_restart_keeps_its_status_and_events_when_the_new_pods_are_r
     assert restart.commit_first and restart.status.attempt == 1
     assert job.status is not None
     status, events = settle(job.status, restart, True, classify(403, QUOTA), False, T1)
-    assert status.attempt == 1 and status.restarts == 1 and pair(status, BLOCKED) == ("True", "QuotaExceeded")
+    assert status.attempt == 1 and status.restarts == 1 and cond(status, BLOCKED) == ("True", "QuotaExceeded")
     assert [e.reason for e in events] == ["GangRestart", BLOCKED]
