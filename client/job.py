@@ -128,20 +128,34 @@ class Job:
             return self._follow(source, attempt=attempt, rank=rank, tail=tail)
         lines: list[str] = []
         try:
-            run_logs(
-                source,
-                self.name,
-                rank=rank,
-                attempt=attempt,
-                previous=False,
-                follow=False,
-                tail=tail,
-                out=_Lines(lines.append),
-                err=_Lines(log.warning),
-            )
+            self._read(source, lines.append, follow=False, attempt=attempt, rank=rank, tail=tail)
         except LogsError as error:
             raise LogsUnavailable(str(error)) from None
         return lines
+
+    def _read(
+        self,
+        source: LogSource,
+        write: Callable[[str], None],
+        *,
+        follow: bool,
+        attempt: int | None,
+        rank: int | None,
+        tail: int | None,
+    ) -> None:
+        """`kubetrain logs`' own read: each line it prints to `write`, what it says on stderr to the
+        `kubetrain.client` logger."""
+        run_logs(
+            source,
+            self.name,
+            rank=rank,
+            attempt=attempt,
+            previous=False,
+            follow=follow,
+            tail=tail,
+            out=_Lines(write),
+            err=_Lines(log.warning),
+        )
 
     def _follow(self, source: LogSource, *, attempt: int | None, rank: int | None, tail: int | None) -> Iterator[str]:
         lines: queue.Queue[str | None] = queue.Queue()
@@ -149,17 +163,7 @@ class Job:
 
         def follow() -> None:
             try:
-                run_logs(
-                    source,
-                    self.name,
-                    rank=rank,
-                    attempt=attempt,
-                    previous=False,
-                    follow=True,
-                    tail=tail,
-                    out=_Lines(lines.put),
-                    err=_Lines(log.warning),
-                )
+                self._read(source, lines.put, follow=True, attempt=attempt, rank=rank, tail=tail)
             except LogsError as error:
                 failure.append(LogsUnavailable(str(error)))
             except Exception as error:  # raised in the caller's thread, below
