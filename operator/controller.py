@@ -145,7 +145,8 @@ class JobState:
     phase: str | None = None  # as last written, for the jobs-by-phase gauge
     refusals: int = 0  # creation passes refused in a row: the retry backoff's exponent
     placement: kueue_io.Placed | None = None  # Kueue flavors read, and where they place
-    agent_token: str | None = None  # the in-place job's (operator/agent_io.py), once created or read
+    # The in-place job's agent token (operator/agent_io.py) once its Secret exists; "" if it cannot.
+    agent_token: str | None = None
 
 
 def _count_phase(state: JobState, phase: str | None) -> None:
@@ -185,6 +186,7 @@ class Controller:
         stacks_source: logs_io.LogSource | None = None,
     ) -> None:
         self.settings = settings
+        self.agent_key = agent_io.operator_key()  # signs the in-place restarts' orders
         self.policy = Policy(
             stuck_timeout=timedelta(seconds=settings.stuck_timeout_seconds),
             straggler_timeout=timedelta(seconds=settings.straggler_timeout_seconds),
@@ -475,9 +477,9 @@ class Controller:
         """Order the moved pods' agents to `attempt` (operator/agent_io.py): the relabel's fast
         path, which does not wait for the kubelet to refresh each pod's attempt file."""
         namespace, uid = key[0], state.body["metadata"]["uid"]
-        if state.agent_token is None:
-            state.agent_token = await agent_io.ensure_token(self.kube, job, namespace, uid)
-        if state.agent_token is None:
+        if state.agent_token is None:  # pods created by an operator process before this one
+            state.agent_token = agent_io.job_token(self.agent_key, namespace, uid)
+        if not state.agent_token:
             return
         ips = {p.name: p.ip for p in self.pods.get(key, ())}
         outcomes = await agent_io.order(
@@ -521,7 +523,8 @@ class Controller:
             for rank in decision.create_ranks
         ]
         if pods and in_place(job) and state.agent_token is None:  # before the pods, which read it
-            state.agent_token = await agent_io.ensure_token(self.kube, job, namespace, uid)
+            token = agent_io.job_token(self.agent_key, namespace, uid)
+            state.agent_token = token if await agent_io.ensure_secret(self.kube, job, namespace, uid, token) else ""
         recorded = get_condition(decision.status, podgroup.CONDITION)
         mode = "none" if recorded is None else podgroup.attempt_mode(recorded.status, recorded.reason)
         if pods and mode != "none":

@@ -532,16 +532,6 @@ class Kube:
             async for chunk in response.content.iter_any():
                 yield chunk
 
-    async def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The in-place job's agent token Secret (operator/agent_io.py); None if it is missing."""
-        try:
-            found: dict[str, Any] = json.loads(await self._request("GET", _core(namespace, "secrets", name)))
-        except ApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return found
-
     # --- the log archive (operator/archive.py) ---------------------------------------------
     async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -90,6 +90,7 @@ def test_default_render(home: Path) -> None:
         "PodDisruptionBudget",
         "Role",
         "RoleBinding",
+        "Secret",
         "Service",
         "ServiceAccount",
     ]

@@ -24,6 +24,8 @@ from typing import Any
 from support.controlplane import free_ports
 from support.waiting import http_ok, wait_for
 
+TEST_AGENT_KEY = "kubetrain-tests-agent-key"
+
 KUBETRAIN = Path(sys.executable).parent / "kubetrain"
 
 
@@ -72,7 +74,9 @@ class OperatorProcess:
         """Start it; `wait`: until /readyz answers (every job and child listed)."""
         self.health_port, self.metrics_port = free_ports(2)
         args = self.argv()
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        # One key for every operator process of the tests, as the chart gives every replica one:
+        # a restarted or standby operator signs in-place orders the running pods take.
+        env = {"KUBETRAIN_AGENT_KEY": TEST_AGENT_KEY, **os.environ, "KUBECONFIG": str(self.kubeconfig)}
         with self.log_path.open("ab") as log:
             log.write(f"\n=== start {time.strftime('%H:%M:%S')} {' '.join(args)}\n".encode())
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)

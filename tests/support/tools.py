@@ -35,6 +35,7 @@ NAMESPACED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("", "pods", ("list", "watch", "create", "delete", "patch")),
     ("", "pods/log", ("get",)),
     ("", "configmaps", ("get", "create", "patch")),
+    ("", "secrets", ("create",)),
     ("", "services", ("list", "watch", "create")),
     ("", "events", ("create",)),
     ("scheduling.k8s.io", "podgroups", ("create", "deletecollection")),

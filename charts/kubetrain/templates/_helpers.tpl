@@ -64,6 +64,11 @@ namespaces its RBAC covers, the ports its probes and Service use, whether to ele
 on which Lease) is always passed; the operator's tunables only when set (values.yaml, `operator`).
 */}}
 {{- define "kubetrain.operatorEnv" -}}
+- name: KUBETRAIN_AGENT_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ printf "%s-agent-key" (include "kubetrain.fullname" .) }}
+      key: key
 - name: KUBETRAIN_WATCH_NAMESPACES
   value: {{ join "," .Values.operator.watchNamespaces | quote }}
 - name: KUBETRAIN_METRICS_PORT
