@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import controlplane, tiers, tools
+from support import controlplane, leftovers, tiers, tools
 from support.controlplane import ControlPlane
 from support.objects import release_pods
 from support.operator_process import OperatorProcess, running_operator
@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(tiers, "kubetrain-tiers")
+    config.pluginmanager.register(leftovers, "kubetrain-leftovers")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import importlib
 import io
 import logging
@@ -133,10 +134,26 @@ def fork(args: Sequence[str], env: Mapping[str, str]) -> Forked | None:
         with contextlib.suppress(Exception):
             stream.flush()
     gpus = _gpus()
+    agent = os.getpid()
     pid = os.fork()
     if pid == 0:
+        _die_with(agent)
         _become_worker(parsed, list(args), env, gpus)
     return Forked(pid, args)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with(agent: int) -> None:
+    """In the child: the kernel SIGKILLs it when the agent's forking thread ends (PR_SET_PDEATHSIG),
+    as a container takes every process with it. Locally a node's agent can die alone (the OOM
+    killer, a kill): its workers, in sessions of their own, would otherwise live on, orphaned, a
+    hung one for ever. torchrun forks its workers from its main thread, which ends only with it."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != agent:  # the agent died before the line above took effect
+        os._exit(128 + signal.SIGKILL)
 
 
 def _gpus() -> int:

@@ -114,6 +114,46 @@ def _http(port: int, path: str, body: dict[str, Any] | None = None) -> tuple[int
         return error.code, error.read().decode()
 
 
+def test_a_forked_worker_dies_with_its_agent(tmp_path: Path) -> None:
+    """A node's agent killed alone (locally: the OOM killer, a kill) takes its workers with it,
+    as a container would; before, a worker held by a fault lived on, orphaned, for an hour."""
+    worker = tmp_path / "worker.py"
+    worker.write_text("import time\nwhile True:\n    time.sleep(3600)\n")
+    agent_side = tmp_path / "agent.py"
+    agent_side.write_text(
+        textwrap.dedent(
+            f"""
+            import os, sys, time
+            from kubetrain.trainer import warmstart
+            forked = warmstart.fork([sys.executable, "-u", {str(worker)!r}], dict(os.environ))
+            print(forked.pid, flush=True)
+            time.sleep(3600)
+            """
+        )
+    )
+    agent_proc = subprocess.Popen([PY, str(agent_side)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert agent_proc.stdout is not None
+        worker_pid = int(agent_proc.stdout.readline())
+        assert _alive(worker_pid)
+    finally:
+        agent_proc.kill()
+        agent_proc.wait(30)
+    deadline = time.monotonic() + 30
+    while _alive(worker_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker_pid), "the worker outlived its agent"
+
+
+def _alive(pid: int) -> bool:
+    """Alive and not a zombie (a reaped-later child of a dead parent is no process any more)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def test_a_forked_worker_closes_the_agents_sockets(tmp_path: Path) -> None:
     """A worker holding the agent port's listener would keep answering for its agent."""
     port = AgentPort(_free_port(), "127.0.0.1", "")
