@@ -1,7 +1,7 @@
 """Supervision of a local gang with the operator's own decision.
 
 Each loop turns the node processes into the pod views the operator sees on a cluster
-(`kubetrain.operator.status.PodView`: Running while the process lives, then Succeeded or
+(`kubetrain.operator.pods.PodView`: Running while the process lives, then Succeeded or
 Failed with its exit code, `finished` = when the exit was observed, to the second as on a
 cluster) and calls the operator's
 pure `status.decide`. Its Decision is applied here as the operator applies it to the API:
@@ -44,10 +44,12 @@ from kubetrain.local.plan import ATTEMPTS_SUBDIR, LocalPlan, NodeProcess, attemp
 from kubetrain.local.processes import ProcessTree, note_groups, stop, subreaper
 from kubetrain.local.result import RunResult
 from kubetrain.operator import forensics
-from kubetrain.operator.decision import DEFAULT_POLICY
+from kubetrain.operator.conditions import is_true
+from kubetrain.operator.decision import DEFAULT_POLICY, Decision, Policy
 from kubetrain.operator.forensics import RankStacks
+from kubetrain.operator.pods import PodView
 from kubetrain.operator.render import grace_seconds
-from kubetrain.operator.status import Decision, PodView, Policy, decide, is_true
+from kubetrain.operator.status import decide
 
 # How often the process groups under each node are noted (a scan of /proc).
 NOTE_GROUPS_EVERY_S = 1.0

@@ -152,7 +152,7 @@ def in_place(job: TrainingJob) -> bool:
 def _attempt_env(job: TrainingJob, attempt: int) -> list[dict[str, Any]]:
     """The attempt the pod is created for (rank 0's records carry it: the attempt's timeline), and
     what the torchrun agent of an in-place job reads (trainer/agent.py)."""
-    env = [{"name": ATTEMPT_ENV, "value": str(attempt)}]
+    env: list[dict[str, Any]] = [{"name": ATTEMPT_ENV, "value": str(attempt)}]
     if in_place(job):
         env.append({"name": ATTEMPT_FILE_ENV, "value": f"{naming.POD_INFO_PATH}/{naming.ATTEMPT_FILE}"})
         env.append({"name": AGENT_PORT_ENV, "value": str(agent_port(job))})

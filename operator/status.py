@@ -87,8 +87,6 @@ from kubetrain.operator.pods import STUCK_REASONS, TERMINAL_PHASES, PodCondition
 
 # Names defined elsewhere that local/supervisor.py still imports from here (#32); every other
 # importer takes them from the module that defines them.
-__all__ = ["Decision", "PodView", "Policy", "decide", "is_true"]
-
 # A gang failure and the conditions of the pod it happened to (what onPodConditions matches).
 Problem = tuple[Failure, tuple[PodCondition, ...]]
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from kubetrain.api.contract import FAULT_ENV as ENV
+from kubetrain.trainer import ending
 
 Kind = Literal["exit", "kill", "raise", "hang", "slow"]
 KINDS: tuple[str, ...] = get_args(Kind)
@@ -141,7 +142,7 @@ class FaultPoint:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         if fault.kind == "exit":
-            os._exit(fault.code)
+            ending.leave(fault.code)
         if fault.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if fault.kind == "raise":

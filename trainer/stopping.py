@@ -28,8 +28,6 @@ for a process that a SIGTERM ended) after its checkpoint is durable.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import sys
 import threading
@@ -40,6 +38,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from kubetrain.trainer import ending
 from kubetrain.trainer.dist import DistContext
 
 EXIT_STOPPED = 128 + signal.SIGTERM
@@ -110,9 +109,7 @@ class StopSignal:
             file=sys.stderr,
             flush=True,
         )
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-        os._exit(EXIT_STOPPED)
+        ending.leave(EXIT_STOPPED)
 
     def _settled(self) -> None:
         """The stop is agreed (its save follows) or the loop ended: no giving up any more."""

@@ -34,6 +34,8 @@ import time
 import traceback
 from collections.abc import Mapping, Sequence
 
+from kubetrain.trainer import ending
+
 log = logging.getLogger("kubetrain.agent")
 
 # Imported into the agent before its first workers start. For every script: what a torch
@@ -233,7 +235,4 @@ def _become_worker(parsed: tuple[str, str, list[str]], args: list[str], env: Map
         try:
             atexit._run_exitfuncs()
         finally:
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            os._exit(code)
+            ending.leave(code)

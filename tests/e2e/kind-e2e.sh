@@ -30,7 +30,7 @@ for tool in docker kind kubectl helm; do
   command -v "$tool" >/dev/null || fail "$tool is not on PATH"
 done
 docker info >/dev/null 2>&1 || fail "docker has no running daemon (docker info failed)"
-"$PYTHON" -c 'import kubetrain.cli.logs, pytest, pytest_timeout' ||
+"$PYTHON" -c 'import kubetrain.client.logs, pytest, pytest_timeout' ||
   fail "$PYTHON lacks kubetrain[operator,local], pytest or pytest-timeout"
 
 finish() {
