@@ -6,6 +6,7 @@ own env and authenticated as that ServiceAccount, reconciles a job through a gan
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -174,6 +175,7 @@ def test_server_dry_run_accepts_the_rendered_chart(
     result = kubectl(control_plane, "apply", "--dry-run=server", "-f", "-", input=manifests)
     kinds = {line.split("/")[0] for line in result.stdout.splitlines()}
     expected = {"serviceaccount", "service", "deployment.apps", "customresourcedefinition.apiextensions.k8s.io"}
+    expected.add("secret")  # the operator's agent key (agentkey.yaml)
     # The Lease's Role in the release namespace is there in both modes.
     expected |= {
         "role.rbac.authorization.k8s.io",
@@ -260,6 +262,19 @@ def assert_lease_grants(cp: ControlPlane, subject: str, namespace: str, lease: s
         assert not can_i(cp, subject, verb, resource, namespace, lease), f"may {verb} Lease {lease}"
 
 
+def env_value(cp: ControlPlane, namespace: str, item: dict[str, Any]) -> str:
+    """A container's env entry in `namespace` as the kubelet fills it in: a value, the Downward
+    API's namespace, or a key of a Secret (the chart's agent key)."""
+    if "value" in item:
+        return str(item["value"])
+    source = item["valueFrom"]
+    if "fieldRef" in source:
+        return {"metadata.namespace": namespace}[source["fieldRef"]["fieldPath"]]
+    ref = source["secretKeyRef"]
+    data = cp.kubectl("get", "secret", ref["name"], "-n", namespace, "-o", f"jsonpath={{.data.{ref['key']}}}").stdout
+    return base64.b64decode(data).decode()
+
+
 def test_operator_runs_with_the_charts_env_and_service_account(
     control_plane: ControlPlane, crds_installed: ControlPlane, release: tuple[str, str], extra_namespaces: list[str],
     tmp_path: Path,
@@ -279,12 +294,7 @@ def test_operator_runs_with_the_charts_env_and_service_account(
     rendered = yaml.safe_load_all(template(control_plane, name, namespace, *values))
     deployment = next(doc for doc in rendered if doc and doc["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    # The Downward API's part, as the kubelet would fill it in.
-    downward = {"metadata.namespace": namespace}
-    env = {
-        item["name"]: item["value"] if "value" in item else downward[item["valueFrom"]["fieldRef"]["fieldPath"]]
-        for item in container["env"]
-    }
+    env = {item["name"]: env_value(control_plane, namespace, item) for item in container["env"]}
     health, metrics = free_ports(2)
     env |= {"KUBETRAIN_HEALTH_PORT": str(health), "KUBETRAIN_METRICS_PORT": str(metrics)}
     kubeconfig = service_account_kubeconfig(control_plane, namespace, f"{name}-kubetrain", tmp_path / "sa.kubeconfig")
