@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import subprocess
-import sys
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +20,7 @@ import yaml
 from support.controlplane import ControlPlane, free_ports, service_account_kubeconfig
 from support.jobs import valid_job
 from support.kubelet import FakeKubelet
+from support.operator_process import OperatorProcess
 from support.tools import CHART, CLUSTER_ONLY_RULES, LEASE_RULES, NAMESPACED_RULES
 from support.waiting import wait_for
 
@@ -298,27 +296,10 @@ def test_operator_runs_with_the_charts_env_and_service_account(
     health, metrics = free_ports(2)
     env |= {"KUBETRAIN_HEALTH_PORT": str(health), "KUBETRAIN_METRICS_PORT": str(metrics)}
     kubeconfig = service_account_kubeconfig(control_plane, namespace, f"{name}-kubetrain", tmp_path / "sa.kubeconfig")
-    log_path = tmp_path / "operator.log"
-    kubetrain = Path(sys.executable).parent / "kubetrain"
-    process_env = {k: v for k, v in os.environ.items() if not k.startswith("KUBETRAIN_")}
-    process_env |= env | {"KUBECONFIG": str(kubeconfig)}
-    process_env.pop("KUBERNETES_SERVICE_HOST", None)
-    with log_path.open("wb") as log:
-        operator = subprocess.Popen(
-            [str(kubetrain), *container["args"]], stdout=log, stderr=subprocess.STDOUT, env=process_env
-        )
+    operator = OperatorProcess(kubeconfig, tmp_path / "operator.log")
     try:
-
-        def get(path: str) -> bool:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{path}", timeout=2) as response:
-                    return bool(response.status == 200)
-            except OSError:
-                assert operator.poll() is None, f"operator exited:\n{log_path.read_text()}"
-                return False
-
-        wait_for(lambda: get(f"{health}/readyz"), 60, "the operator's /readyz (the probes' path and port)")
-        assert get(f"{health}/healthz") and get(f"{metrics}/metrics")
+        operator.start_deployed(container["args"], env)
+        assert operator.healthy() and operator.metrics()
         # It leads on the chart's Lease, through the chart's Role.
         holder = "jsonpath={.spec.holderIdentity}"
         lease = ("get", "lease", f"{name}-kubetrain", "-n", namespace, "-o", holder)
@@ -372,7 +353,7 @@ def test_operator_runs_with_the_charts_env_and_service_account(
             for pod in gang:
                 kubelet.run(watched, pod.metadata.name)
             wait_for(
-                lambda: f"reading the log of {watched}/rbac-probe-node-0 failed" in log_path.read_text(),
+                lambda: f"reading the log of {watched}/rbac-probe-node-0 failed" in operator.log(),
                 60,
                 "the operator to read rank 0's log",
             )
@@ -389,12 +370,7 @@ def test_operator_runs_with_the_charts_env_and_service_account(
 
             wait_for(job_gone, 60, "the operator to delete the finished job (ttlSecondsAfterFinished: 0)")
     finally:
-        operator.terminate()
-        try:
-            operator.wait(15)
-        except subprocess.TimeoutExpired:
-            operator.kill()
-            operator.wait(5)
+        operator.stop()
     # With exact namespaces the operator turns kopf's cluster-wide namespace and CRD scans off;
     # were they on, a Role could not grant them and kopf would fall back after logging the
     # refusals, so those alone are tolerated. Any other refusal is a rule the chart is missing.
@@ -405,7 +381,7 @@ def test_operator_runs_with_the_charts_env_and_service_account(
     )
     forbidden = [
         line
-        for line in log_path.read_text().splitlines()
+        for line in operator.log().splitlines()
         if re.search(r"\b403\b|forbidden", line, re.IGNORECASE) and not any(t in line for t in expected_refusals)
     ]
     assert not forbidden, "\n".join(forbidden)

@@ -84,6 +84,22 @@ class OperatorProcess:
             wait_for(self.ready, 30, f"the operator's /readyz (log: {self.log_path})")
         return self
 
+    def start_deployed(self, args: list[str], env: dict[str, str]) -> OperatorProcess:
+        """Start it as a Deployment's container runs: `args` after the command, configured by `env`
+        alone (none of this process's KUBETRAIN_* settings, no in-cluster API address), its probes'
+        ports read from `env` as the kubelet's are from the pod spec; until /readyz answers."""
+        self.health_port = int(env["KUBETRAIN_HEALTH_PORT"])
+        self.metrics_port = int(env["KUBETRAIN_METRICS_PORT"])
+        args = [str(KUBETRAIN), *args]
+        outside = {k: v for k, v in os.environ.items() if not k.startswith("KUBETRAIN_")}
+        outside.pop("KUBERNETES_SERVICE_HOST", None)
+        with self.log_path.open("ab") as log:
+            log.write(f"\n=== start {time.strftime('%H:%M:%S')} {' '.join(args)}\n".encode())
+            env = {**outside, **env, "KUBECONFIG": str(self.kubeconfig)}
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        wait_for(self.ready, 60, f"the operator's /readyz (the probes' path and port; log: {self.log_path})")
+        return self
+
     def _probe(self, path: str) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
