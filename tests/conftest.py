@@ -11,11 +11,12 @@ kind scenario: KUBETRAIN_REQUIRE_E2E, which only GitHub's e2e workflow can satis
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from support import controlplane, leftovers, tiers, tools
@@ -24,6 +25,9 @@ from support.objects import release_pods
 from support.operator_process import OperatorProcess, running_operator
 from support.tiers import tiers_of
 from support.waiting import wait_for
+
+if TYPE_CHECKING:
+    from support.processnode import ProcessNode  # imports kubernetes: 0.8 s no unit test needs
 
 REQUIRE_ENV = "KUBETRAIN_REQUIRE_CONTROL_PLANE"
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,18 +64,19 @@ def control_plane() -> Iterator[ControlPlane]:
         yield cp
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kube_api(control_plane: ControlPlane) -> Iterator[Any]:
-    """One kubernetes ApiClient shared by the session."""
+    """One kubernetes ApiClient shared by the module's tests. Per module, as `crds_installed`: a
+    module with a control plane of its own (a module-scoped `control_plane`: test_faults_cluster,
+    test_kueue_cluster) gets them for that one."""
     with control_plane.api_client() as api:
         yield api
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def crds_installed(control_plane: ControlPlane) -> ControlPlane:
-    """crds/ applied and Established."""
-    controlplane.install_crds(control_plane, ROOT / "crds")
-    return control_plane
+    """crds/ applied and Established (applying them again is a no-op)."""
+    return controlplane.install_crds(control_plane, ROOT / "crds")
 
 
 @pytest.fixture
@@ -104,8 +109,33 @@ def namespace(control_plane: ControlPlane, kube_api: Any, request: pytest.Fixtur
 
 
 @pytest.fixture
-def operator(crds_installed: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    """The operator (`kubetrain operator` in a subprocess), watching only this test's namespace;
-    its log is checked clean when the test ends (support.operator_process.running_operator)."""
-    with running_operator(crds_installed.kubeconfig, tmp_path / "operator.log", namespace) as proc:
-        yield proc
+def start_operator(
+    crds_installed: ControlPlane, namespace: str, tmp_path: Path
+) -> Iterator[Callable[..., OperatorProcess]]:
+    """Starts the operator (`kubetrain operator` in a subprocess) with the test's flags
+    (OperatorProcess's), watching only this test's namespace; each one started is stopped when
+    the test ends and its log checked clean (support.operator_process.running_operator)."""
+    with contextlib.ExitStack() as started:
+
+        def start(**flags: Any) -> OperatorProcess:
+            log = tmp_path / "operator.log"
+            return started.enter_context(running_operator(crds_installed.kubeconfig, log, namespace, **flags))
+
+        yield start
+
+
+@pytest.fixture
+def operator(start_operator: Callable[..., OperatorProcess]) -> OperatorProcess:
+    """The operator with its test defaults (start_operator)."""
+    return start_operator()
+
+
+@pytest.fixture
+def process_node(crds_installed: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[ProcessNode]:
+    """The process node (support.processnode) running this test's pods as local processes;
+    checked to have met no error when it has stopped."""
+    from support.processnode import ProcessNode
+
+    with ProcessNode(crds_installed.api_client, namespaces=[namespace], workdir=tmp_path / "node") as node:
+        yield node
+    assert node.errors == []

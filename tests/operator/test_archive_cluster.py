@@ -10,7 +10,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +59,6 @@ STOPPING = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def node(crds_installed: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[ProcessNode]:
-    with ProcessNode(crds_installed.api_client, namespaces=[namespace], workdir=tmp_path / "node") as running:
-        yield running
-    assert running.errors == []
-
-
 def logs(cp: ControlPlane, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
     """`kubetrain logs` as a user runs it."""
     command = [str(KUBETRAIN), "logs", *args, "-n", namespace, "--kubeconfig", str(cp.kubeconfig)]
@@ -98,7 +90,7 @@ def no_pods_left(cluster: Cluster, job: str, timeout: float) -> None:
 
 @pytest.mark.slow
 def test_after_a_gang_restart_and_cleanup_the_failed_attempts_traceback_is_printed(
-    crds_installed: ControlPlane, cluster: Cluster, operator: OperatorProcess, node: ProcessNode
+    crds_installed: ControlPlane, cluster: Cluster, operator: OperatorProcess, process_node: ProcessNode
 ) -> None:
     """The real trainer: rank 1 raises at step 15 of attempt 0 (KUBETRAIN_FAULT, once per job),
     the gang restarts and succeeds, cleanPodPolicy All deletes the last pods."""
@@ -144,7 +136,7 @@ def test_after_a_gang_restart_and_cleanup_the_failed_attempts_traceback_is_print
 
 @pytest.mark.parametrize("propagation", ["Background", "Foreground"])
 def test_a_job_deleted_mid_run_leaves_no_pod_held(
-    cluster: Cluster, operator: OperatorProcess, node: ProcessNode, propagation: str
+    cluster: Cluster, operator: OperatorProcess, process_node: ProcessNode, propagation: str
 ) -> None:
     cluster.create_job("doomed", nodes=2, command=[sys.executable, "-c", "import time; time.sleep(600)"])
     cluster.wait_job("doomed", has_condition("Running"), "Running", 60)
@@ -186,7 +178,7 @@ def restricted_kubeconfig(cp: ControlPlane, namespace: str, path: Path) -> Path:
 
 
 def test_an_operator_killed_between_keeping_a_log_and_releasing_its_pod_recovers(
-    crds_installed: ControlPlane, cluster: Cluster, node: ProcessNode, tmp_path: Path
+    crds_installed: ControlPlane, cluster: Cluster, process_node: ProcessNode, tmp_path: Path
 ) -> None:
     ns = cluster.namespace
     kubeconfig = restricted_kubeconfig(crds_installed, ns, tmp_path / "no-release.kubeconfig")
@@ -219,7 +211,7 @@ def test_an_operator_killed_between_keeping_a_log_and_releasing_its_pod_recovers
     kept = (archive(cluster, "held", 0) or {})["data"]
     assert "forbidden" in first.log(), first.log()[-3000:]
     # Meanwhile the kubelet removed node 1's container, and its log with it.
-    (node.workdir / "pods" / ns / "held-node-1" / "trainer.log").unlink()
+    (process_node.workdir / "pods" / ns / "held-node-1" / "trainer.log").unlink()
 
     second = OperatorProcess(crds_installed.kubeconfig, tmp_path / "second.log", namespaces=ns).start()
     try:

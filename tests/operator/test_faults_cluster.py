@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -26,9 +25,9 @@ from support import controlplane
 from support.controlplane import ControlPlane, Unavailable
 from support.kubelet import FakeKubelet
 from support.objects import Cluster, has_condition
-from support.operator_process import OperatorProcess, running_operator
+from support.operator_process import OperatorProcess
 from support.podlog import PodCreations
-from support.tools import ROOT, missing_tool
+from support.tools import missing_tool
 from support.waiting import wait_for
 
 from kubetrain.api import naming
@@ -54,23 +53,12 @@ def control_plane() -> Iterator[ControlPlane]:
         cp.stop()
 
 
-@pytest.fixture(scope="module")
-def kube_api(control_plane: ControlPlane) -> Iterator[Any]:
-    with control_plane.api_client() as api:
-        yield api
-
-
-@pytest.fixture(scope="module")
-def crds_installed(control_plane: ControlPlane) -> ControlPlane:
-    return controlplane.install_crds(control_plane, ROOT / "crds")
-
-
 @pytest.fixture
-def operator(crds_installed: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    flags = {"leader_elect": True, "leader_elect_resource_namespace": namespace}
-    with running_operator(crds_installed.kubeconfig, tmp_path / "operator.log", namespace, **flags) as proc:
-        wait_for(proc.leading, 30, "the operator to lead")
-        yield proc
+def operator(start_operator: Callable[..., OperatorProcess], namespace: str) -> OperatorProcess:
+    """With leader election on, as the chart runs it; leading."""
+    proc = start_operator(leader_elect=True, leader_elect_resource_namespace=namespace)
+    wait_for(proc.leading, 30, "the operator to lead")
+    return proc
 
 
 def running(cluster: Cluster, kubelet: FakeKubelet, name: str, attempt: int = 0) -> None:

@@ -23,20 +23,19 @@ HANG_LINE = next(n for n, line in enumerate(SCRIPT.read_text().splitlines(), 1) 
 
 
 def test_the_stalled_failure_names_rank_1_and_its_line(
-    crds_installed: ControlPlane, cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+    crds_installed: ControlPlane, cluster: Cluster, operator: OperatorProcess, process_node: ProcessNode
 ) -> None:
     ns = cluster.namespace
-    with ProcessNode(crds_installed.api_client, namespaces=[ns], workdir=tmp_path / "node") as node:
-        cluster.create_job(
-            "hang",
-            nodes=3,
-            masterPort=free_port(),  # every pod shares the node's loopback
-            command=["torchrun", str(SCRIPT)],
-            checkpoint={"dir": "/checkpoints", "volume": {"persistentVolumeClaim": {"claimName": "ck"}}},
-            runPolicy={"maxRestarts": 1, "hangTimeoutSeconds": 60},
-        )
-        job = cluster.wait_job("hang", has_condition("Succeeded"), "Succeeded after the stalled gang's restart", 600)
-        logs = {rank: node.logs(ns, f"hang-node-{rank}") for rank in range(3)}
+    cluster.create_job(
+        "hang",
+        nodes=3,
+        masterPort=free_port(),  # every pod shares the node's loopback
+        command=["torchrun", str(SCRIPT)],
+        checkpoint={"dir": "/checkpoints", "volume": {"persistentVolumeClaim": {"claimName": "ck"}}},
+        runPolicy={"maxRestarts": 1, "hangTimeoutSeconds": 60},
+    )
+    job = cluster.wait_job("hang", has_condition("Succeeded"), "Succeeded after the stalled gang's restart", 600)
+    logs = {rank: process_node.logs(ns, f"hang-node-{rank}") for rank in range(3)}
     status = job["status"]
     assert (status["attempt"], status["restarts"]) == (1, 1), status
     (failure,) = status["failures"]

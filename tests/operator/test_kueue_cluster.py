@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from support import controlplane, tools
 from support import kueue as kueue_support
+from support import tools
 from support.controlplane import ControlPlane, Unavailable
 from support.kubelet import FakeKubelet
 from support.objects import Cluster, condition, has_condition
 from support.operator_process import OperatorProcess, running_operator
-from support.tools import RELEASE_NAMESPACE, ROOT, chart_identity, missing_tool
+from support.tools import RELEASE_NAMESPACE, chart_identity, missing_tool
 from support.waiting import wait_for
 
 from kubetrain.api import naming
@@ -40,17 +40,6 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         missing_tool(str(exc))
     with tools.control_plane() as cp, kueue_support.running(cp):
         yield cp
-
-
-@pytest.fixture(scope="module")
-def kube_api(control_plane: ControlPlane) -> Iterator[Any]:
-    with control_plane.api_client() as api:
-        yield api
-
-
-@pytest.fixture(scope="module")
-def crds_installed(control_plane: ControlPlane) -> ControlPlane:
-    return controlplane.install_crds(control_plane, ROOT / "crds")
 
 
 @pytest.fixture(scope="module")

@@ -9,27 +9,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.controlplane import ControlPlane
 from support.kubelet import FakeKubelet
 from support.kubelet_logs import KubeletLogs
 from support.objects import Cluster, condition, has_condition
-from support.operator_process import OperatorProcess, running_operator
+from support.operator_process import OperatorProcess
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def slow_progress(crds_installed: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    """The operator, reading rank 0's log at most every 600 s on its own."""
-    log = tmp_path / "operator.log"
-    with running_operator(crds_installed.kubeconfig, log, namespace, progress_interval=600) as proc:
-        yield proc
 
 
 def record(event: str, step: int, **fields: Any) -> str:
@@ -37,8 +28,9 @@ def record(event: str, step: int, **fields: Any) -> str:
 
 
 def test_a_crash_at_teardown_after_done_does_not_rerun_the_job(
-    cluster: Cluster, slow_progress: OperatorProcess, kube_api: Any, tmp_path: Path
+    cluster: Cluster, start_operator: Callable[..., OperatorProcess], kube_api: Any, tmp_path: Path
 ) -> None:
+    start_operator(progress_interval=600)  # reads rank 0's log at most every 600 s on its own
     node = FakeKubelet(kube_api, node_name="kubetrain-log-node")
     with KubeletLogs(node, tmp_path) as logs:
         cluster.create_job("late", nodes=2, runPolicy={"maxRestarts": 2})
@@ -63,20 +55,10 @@ def test_a_crash_at_teardown_after_done_does_not_rerun_the_job(
     assert "GangRestart" not in [e.reason for e in cluster.events("late")]
 
 
-@pytest.fixture
-def short_straggler_timeout(crds_installed: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    """The operator, stopping ranks that still run 3 s after rank 0's done."""
-    proc = OperatorProcess(crds_installed.kubeconfig, tmp_path / "operator.log", namespaces=namespace)
-    proc.flags["straggler_timeout"] = 3
-    proc.start()
-    yield proc
-    proc.stop()
-    assert "Traceback" not in proc.log(), proc.log()[-5000:]
-
-
 def test_a_rank_still_running_after_done_is_deleted_and_the_job_succeeds(
-    cluster: Cluster, short_straggler_timeout: OperatorProcess, kube_api: Any, tmp_path: Path
+    cluster: Cluster, start_operator: Callable[..., OperatorProcess], kube_api: Any, tmp_path: Path
 ) -> None:
+    start_operator(straggler_timeout=3)  # stops ranks that still run 3 s after rank 0's done
     node = FakeKubelet(kube_api, node_name="kubetrain-log-node")
     with KubeletLogs(node, tmp_path) as logs:
         cluster.create_job("strag", nodes=2, runPolicy={"maxRestarts": 2, "cleanPodPolicy": "None"})
