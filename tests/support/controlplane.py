@@ -9,12 +9,10 @@ from one temporary directory: certificates, etcd's data, kubeconfigs and one log
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import re
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -29,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from support.daemons import Daemons
 from support.waiting import wait_for
 
 HERE = Path(__file__).resolve().parent
@@ -106,16 +105,6 @@ def free_ports(count: int) -> list[int]:
 
 def free_port() -> int:
     return free_ports(1)[0]
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    # A pytest killed with SIGKILL must not leave an apiserver behind: the kernel sends
-    # SIGTERM to the child when the parent dies. Linux only, and best effort elsewhere.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -198,21 +187,14 @@ def service_account_kubeconfig(cp: ControlPlane, namespace: str, account: str, p
 
 
 @dataclass
-class ControlPlane:
+class ControlPlane(Daemons):
     """A running control plane. `kubeconfig` is an admin (system:masters) kubeconfig."""
 
-    workdir: Path
     bin_dir: Path
     server: str
     kubeconfig: Path
-    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
     argv: dict[str, list[str]] = field(default_factory=dict)  # how each process was started
     etcd: str = ""  # etcd's client URL
-
-    @property
-    def logs(self) -> Path:
-        return self.workdir / "logs"
 
     # --- clients -------------------------------------------------------------------------
     def api_client(self) -> Any:
@@ -254,34 +236,7 @@ class ControlPlane:
     # --- lifecycle -----------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         self.argv[name] = argv
-        log = (self.logs / f"{name}.log").open("ab")
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self.workdir,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )
-        log.close()
-        self.processes[name] = proc
-        return proc
-
-    def _check_alive(self) -> None:
-        for name, proc in self.processes.items():
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}")
-
-    def _wait(self, what: str, ready: Callable[[], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            self._check_alive()
-            with contextlib.suppress(Exception):
-                if ready():
-                    return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what} not ready after {timeout:.0f} s")
-            time.sleep(0.1)
+        return super()._spawn(name, argv)
 
     # --- faults (tests/operator/test_faults_cluster.py) ----------------------------------------
     def kill(self, name: str) -> None:
@@ -321,11 +276,7 @@ class ControlPlane:
 
     def describe_failure(self, tail_lines: int = 25) -> str:
         """The last lines of each process's log, for an error message."""
-        parts = [f"control plane logs in {self.logs}"]
-        for log in sorted(self.logs.glob("*.log")):
-            lines = log.read_text(errors="replace").splitlines()[-tail_lines:]
-            parts.append(f"--- {log.name} (last {len(lines)} lines)\n" + "\n".join(lines))
-        return "\n".join(parts)
+        return "\n".join([f"control plane logs in {self.logs}", *self.log_tails(tail_lines)])
 
     def trouble(self) -> list[str]:
         """The components that exited on their own, and the lines of TROUBLE in the logs."""
@@ -338,16 +289,8 @@ class ControlPlane:
         return found
 
     def stop(self, grace: float = 10) -> None:
-        """Terminate what this object started, newest first (PIDs it holds; nothing else)."""
-        for proc in reversed(list(self.processes.values())):
-            if proc.poll() is None:
-                proc.terminate()
-            try:
-                proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=grace)
-        self.processes.clear()
+        """Stop every process, newest first."""
+        self._stop_all(grace)
         # etcd preallocates a 64 MB WAL: a session's worth of stopped control planes filled /tmp
         # by gigabytes. The logs and certificates stay for a post-mortem.
         shutil.rmtree(self.workdir / "etcd", ignore_errors=True)

@@ -30,6 +30,7 @@ import yaml
 from kubetrain.operator.kueue import EXTERNAL_FRAMEWORK, GROUP
 from support import controlplane
 from support.controlplane import ControlPlane, Unavailable, free_ports
+from support.daemons import die_with_parent
 from support.waiting import http_ok, wait_for
 
 
@@ -157,7 +158,7 @@ def start(cp: ControlPlane, timeout: float = 90) -> KueueProcess:
             stdout=out,
             stderr=subprocess.STDOUT,
             env={"KUBECONFIG": str(cp.kubeconfig), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-            preexec_fn=controlplane._die_with_parent,
+            preexec_fn=die_with_parent,
         )
     kueue = KueueProcess(proc, log, health_port)
     started = time.monotonic()

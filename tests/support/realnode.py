@@ -22,6 +22,7 @@ import yaml
 
 from support import controlplane, dnsquery, hoststate, nodeconfig, ociimage
 from support.controlplane import ControlPlane
+from support.daemons import Daemons
 from support.nodeconfig import BRIDGE, KUBERNETES_SERVICE_IP, NODE_IP, NodePaths
 from support.waiting import wait_for
 
@@ -63,22 +64,15 @@ def _run(*argv: str, check: bool = True, timeout: float = 60) -> subprocess.Comp
 
 
 @dataclass
-class RealNode:
+class RealNode(Daemons):
     """A running node. `cp` is its control plane (kubeconfig, kubectl(), helm()); `name` the
     Node's name; `workdir` holds configs, logs (workdir/logs) and hostPath volumes."""
 
     cp: ControlPlane
     name: str
-    workdir: Path
     paths: NodePaths
-    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
     # The host before the node started (hoststate.snapshot(self.host_roots)).
     host_before: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def logs(self) -> Path:
-        return self.workdir / "logs"
 
     @property
     def host_roots(self) -> list[Path]:
@@ -155,11 +149,7 @@ class RealNode:
 
     def describe_failure(self, tail_lines: int = 40) -> str:
         """Log tails of the node's processes and control plane, node conditions, pods, events."""
-        parts = [f"node logs in {self.logs}"]
-        for log in sorted(self.logs.glob("*.log")):
-            lines = log.read_text(errors="replace").splitlines()[-tail_lines:]
-            parts.append(f"--- {log.name} (last {len(lines)} lines)\n" + "\n".join(lines))
-        parts.append(self.cp.describe_failure(tail_lines))
+        parts = [f"node logs in {self.logs}", *self.log_tails(tail_lines), self.cp.describe_failure(tail_lines)]
         conditions = "{range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{'\\n'}{end}"
         for args in (
             ("get", "node", self.name, "-o", "jsonpath=taints: {.spec.taints}{'\\n'}" + conditions),
@@ -172,43 +162,12 @@ class RealNode:
         return "\n".join(parts)
 
     # --- lifecycle -----------------------------------------------------------------------
-    def _spawn(self, name: str, argv: list[str]) -> None:
-        with (self.logs / f"{name}.log").open("wb") as log:
-            # Like the control plane's: a test session killed with SIGKILL takes them along.
-            self.processes[name] = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-                preexec_fn=controlplane._die_with_parent,
-            )
-
-    def _alive(self) -> None:
-        for name, proc in self.processes.items():
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}")
-
-    def _wait(self, what: str, ready: Callable[[], object], timeout: float = START_TIMEOUT) -> None:
-        def check() -> bool:
-            self._alive()
-            with contextlib.suppress(Exception):
-                return bool(ready())
-            return False
-
-        wait_for(check, timeout, what, interval=0.2)
+    def _wait(
+        self, what: str, ready: Callable[[], object], timeout: float = START_TIMEOUT, interval: float = 0.2
+    ) -> None:
+        """Until `ready()`, timed from the start (`timings`)."""
+        super()._wait(what, ready, timeout, interval)
         self.timings[what] = time.monotonic() - self.timings["t0"]
-
-    def _stop_process(self, name: str, grace: float = 10) -> None:
-        proc = self.processes.pop(name, None)
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=grace)
 
 
 def _rss_mib(pid: int) -> float:
