@@ -1,6 +1,6 @@
 """What makes a test control plane unclean (support.controlplane.ControlPlane.trouble): a
 component that exited on its own, a Go panic (a recovered one included) or a klog fatal line.
-That `running()` then fails its block, on a real control plane: test_control_plane.py."""
+That `running()` then fails its block, on a real control plane: test_harness_control_plane.py."""
 
 from __future__ import annotations
 

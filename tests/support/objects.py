@@ -3,6 +3,7 @@ objects (the operator itself runs as tests/support/operator_process.OperatorProc
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -149,5 +150,60 @@ def has_condition(kind: str, status: str = "True", reason: str | None = None) ->
     def check(job: dict[str, Any]) -> bool:
         c = condition(job, kind)
         return c is not None and c["status"] == status and (reason is None or c["reason"] == reason)
+
+    return check
+
+
+def api_error(exc: Any) -> tuple[str, list[str]]:
+    """The Status message and the fields its causes name."""
+    body = json.loads(exc.body or "{}")
+    causes = body.get("details", {}).get("causes", [])
+    return body.get("message", ""), [c.get("field", "") for c in causes]
+
+
+def pod(name: str, **container: Any) -> dict[str, Any]:
+    """A bare one-container Pod (busybox, `true`); `container` overrides its fields."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "busybox:1.36", "command": ["true"], **container}],
+        },
+    }
+
+
+def owner_ref(api_version: str, kind: str, name: str, uid: str) -> dict[str, Any]:
+    """A controller ownerReference that blocks its owner's deletion."""
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def gone(read: Any) -> bool:
+    """Whether `read()` answers 404."""
+    from kubernetes import client
+
+    try:
+        read()
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return True
+        raise
+    return False
+
+
+def phase_of(core: Any, namespace: str, name: str) -> Callable[[], str | None]:
+    """A pod's phase once it has finished (for wait_for), else None."""
+
+    def check() -> str | None:
+        phase = core.read_namespaced_pod(name, namespace).status.phase
+        return phase if phase in ("Succeeded", "Failed") else None
 
     return check
