@@ -6,50 +6,25 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-import torch.distributed as dist
 from kubernetes import client as k8s
 from support.controlplane import ControlPlane, free_port
 from support.jobs import valid_job
 from support.operator_process import OperatorProcess
 from support.processnode import ProcessNode
+from support.shipped import all_reduce_ranks, fails
 
 from kubetrain.api import naming
 from kubetrain.api.function import CALL_FILE, SOURCE_FILE, config_map_name
 from kubetrain.api.models import TrainingJob
 from kubetrain.client import AlreadyExists, Client, InvalidJob, JobFailed, JobNotFound, ShipError
-from kubetrain.trainer import lib
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-STEPS = 3
 TIMEOUT = 240
-
-
-def all_reduce_ranks(offset: int) -> None:
-    """Every rank contributes rank + offset; each prints its part and the sum, rank 0 logs records."""
-    ctx = lib.context()
-    total = torch.tensor([float(ctx.rank + offset)])
-    dist.all_reduce(total)
-    print(f"rank {ctx.rank} of {ctx.world_size}: {ctx.rank + offset} -> sum {total.item():g}", flush=True)
-    for step in range(1, STEPS + 1):
-        lib.log0(ctx, "step", step=step, epoch=0, total_steps=STEPS, loss=1.0 / step)
-
-
-def fails(message: str) -> None:
-    raise ValueError(message)
-
-
-@pytest.fixture
-def node(crds_installed: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[ProcessNode]:
-    with ProcessNode(crds_installed.api_client, namespaces=[namespace], workdir=tmp_path / "node") as node:
-        yield node
-        assert node.errors == []
 
 
 @pytest.fixture
@@ -73,7 +48,7 @@ def no_objects(kube_api: Any, namespace: str) -> bool:
 
 
 def test_a_function_on_two_nodes_succeeds_with_both_ranks_logs_and_rank0_metrics(
-    client: Client, operator: OperatorProcess, node: ProcessNode, crds_installed: ControlPlane, kube_api: Any
+    client: Client, operator: OperatorProcess, process_node: ProcessNode, crds_installed: ControlPlane, kube_api: Any
 ) -> None:
     spec = {"masterPort": free_port(), "runPolicy": {"maxRestarts": 0}}  # the pods share this host's loopback
     job = client.train(all_reduce_ranks, nodes=2, args=(1,), spec=spec)
@@ -96,7 +71,9 @@ def test_a_function_on_two_nodes_succeeds_with_both_ranks_logs_and_rank0_metrics
         job.status()
 
 
-def test_a_trainingjob_model_reaches_succeeded(client: Client, operator: OperatorProcess, node: ProcessNode) -> None:
+def test_a_trainingjob_model_reaches_succeeded(
+    client: Client, operator: OperatorProcess, process_node: ProcessNode
+) -> None:
     training = {"model": "mlp", "dataset": "synthetic", "syntheticSamples": 256, "epochs": 1, "batchSize": 32}
     model = TrainingJob.model_validate(valid_job("builtin", training=training, masterPort=free_port()))
     job = client.submit(model)
@@ -109,7 +86,7 @@ def test_a_trainingjob_model_reaches_succeeded(client: Client, operator: Operato
 
 
 def test_a_failing_function_raises_from_wait_with_the_failure_in_status(
-    client: Client, operator: OperatorProcess, node: ProcessNode
+    client: Client, operator: OperatorProcess, process_node: ProcessNode
 ) -> None:
     spec = {"masterPort": free_port(), "runPolicy": {"maxRestarts": 0}}
     job = client.train(fails, nodes=2, args=("bad learning rate",), spec=spec)

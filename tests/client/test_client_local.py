@@ -15,10 +15,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
-import torch.distributed as dist
 from support.jobs import fake_job, valid_job, write_job
 from support.local_runs import finish_run
+from support.shipped import STEPS, all_reduce_ranks, fails
 from support.waiting import wait_for
 
 from kubetrain.api.models import TrainingJob
@@ -38,22 +37,7 @@ from kubetrain.trainer import lib
 
 pytestmark = pytest.mark.train
 
-STEPS = 3
 TIMEOUT = 240  # 2 cores shared with other test runs: torch imports alone can take 10 s
-
-
-def all_reduce_ranks(offset: int) -> None:
-    """Every rank contributes rank + offset; each prints its part and the sum, rank 0 logs records."""
-    ctx = lib.context()
-    total = torch.tensor([float(ctx.rank + offset)])
-    dist.all_reduce(total)
-    print(f"rank {ctx.rank} of {ctx.world_size}: {ctx.rank + offset} -> sum {total.item():g}", flush=True)
-    for step in range(1, STEPS + 1):
-        lib.log0(ctx, "step", step=step, epoch=0, total_steps=STEPS, loss=1.0 / step)
-
-
-def fails(message: str) -> None:
-    raise ValueError(message)
 
 
 def sleeps(seconds: float) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.shipped import STEPS, raises, reports
 
 from kubetrain.api.function import CALL_FILE, RUNNER_MODULE, SOURCE_FILE
 from kubetrain.api.records import metrics_in
@@ -17,26 +18,6 @@ from kubetrain.client.ship import ship
 from kubetrain.client.spec import function_files
 
 pytestmark = pytest.mark.unit
-
-STEPS = 3
-
-
-def reports(tag: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    from kubetrain.trainer import lib
-
-    ctx = lib.context()
-    total = torch.tensor([float(ctx.rank + 1)])
-    dist.all_reduce(total)
-    print(f"{tag}: rank {ctx.rank} of {ctx.world_size} on {ctx.backend}, sum {total.item()}", flush=True)
-    for step in range(1, STEPS + 1):
-        lib.log0(ctx, "step", step=step, epoch=0, total_steps=STEPS, loss=1 / step)
-
-
-def raises(message: str) -> None:
-    raise ValueError(message)
 
 
 def run(directory: Path) -> subprocess.CompletedProcess[str]:
