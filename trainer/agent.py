@@ -44,6 +44,7 @@ import logging
 import os
 import signal
 import socket
+import socketserver
 import sys
 import threading
 import time
@@ -133,13 +134,13 @@ class AgentPort:
         self.ready = False
         self.ordered: int | None = None
         self.refused: list[str] = []  # why orders were refused, for the main thread to log
-        self.server: http.server.ThreadingHTTPServer | None = None
+        self.server: _Server | None = None
 
     def open(self) -> None:
         if self.port is None or self.server is not None:
             return
         handler = _handler(self)
-        server_class = _Server6 if ":" in self.host else http.server.ThreadingHTTPServer
+        server_class = _Server6 if ":" in self.host else _Server
         try:
             self.server = server_class((self.host, self.port), handler)
         except OSError as error:
@@ -170,7 +171,15 @@ class AgentPort:
         return taken
 
 
-class _Server6(http.server.ThreadingHTTPServer):
+class _Server(http.server.ThreadingHTTPServer):
+    def server_bind(self) -> None:
+        # Not HTTPServer's: it looks the address up in DNS (socket.getfqdn), seconds where the
+        # pod's resolver does not answer, and nothing here uses the name.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+
+
+class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
