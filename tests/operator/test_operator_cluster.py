@@ -29,6 +29,23 @@ def attempt_of(job: dict[str, Any]) -> int:
     return int((job.get("status") or {}).get("attempt", 0))
 
 
+def env_entries(env: list[Any]) -> list[dict[str, Any]]:
+    """A created container's env as the renderer writes it: a value, or where it comes from (the
+    pod's IP, the in-place job's agent token Secret)."""
+    entries: list[dict[str, Any]] = []
+    for e in env:
+        source = e.value_from
+        if source is None:
+            entries.append({"name": e.name, "value": e.value})
+        elif source.field_ref is not None:
+            entries.append({"name": e.name, "valueFrom": {"fieldRef": {"fieldPath": source.field_ref.field_path}}})
+        else:
+            ref = source.secret_key_ref
+            secret = {"name": ref.name, "key": ref.key, "optional": ref.optional}
+            entries.append({"name": e.name, "valueFrom": {"secretKeyRef": secret}})
+    return entries
+
+
 def test_three_node_job_has_one_service_and_three_pods_with_the_exact_contract(
     cluster: Cluster, operator: OperatorProcess
 ) -> None:
@@ -42,8 +59,7 @@ def test_three_node_job_has_one_service_and_three_pods_with_the_exact_contract(
     model = TrainingJob.model_validate(created)
     for rank, pod in enumerate(pods):
         expected = render_pod(model, cluster.namespace, created["metadata"]["uid"], rank, 0, RenderSettings())
-        env = [{"name": e.name, "value": e.value} for e in pod.spec.containers[0].env]
-        assert env == expected["spec"]["containers"][0]["env"]
+        assert env_entries(pod.spec.containers[0].env) == expected["spec"]["containers"][0]["env"]
         assert pod.metadata.labels == expected["metadata"]["labels"]
         assert (pod.spec.hostname, pod.spec.subdomain) == (f"tri-node-{rank}", "tri")
         (owner,) = pod.metadata.owner_references
