@@ -109,9 +109,16 @@ def test_default_render(home: Path) -> None:
         "KUBETRAIN_LEADER_ELECT": "true",
         "KUBETRAIN_LEASE_NAME": "kt-kubetrain",
         "KUBETRAIN_LEASE_NAMESPACE": None,
+        "KUBETRAIN_AGENT_KEY": None,
     }
     lease_namespace = next(e for e in container["env"] if e["name"] == "KUBETRAIN_LEASE_NAMESPACE")
     assert lease_namespace["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    # The operator's key for in-place restarts' orders (operator/agent_io.py): from the chart's Secret.
+    agent_key = next(e for e in container["env"] if e["name"] == "KUBETRAIN_AGENT_KEY")
+    assert agent_key["valueFrom"] == {"secretKeyRef": {"name": "kt-kubetrain-agent-key", "key": "key"}}
+    secret = one(docs, "Secret")
+    assert secret["metadata"]["name"] == "kt-kubetrain-agent-key" and len(secret["data"]["key"]) >= 64
+    assert secret["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"health": 8080, "metrics": 8000}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
@@ -263,7 +270,7 @@ def test_non_default_values_take_effect(home: Path) -> None:
     assert env["KUBETRAIN_LEASE_RETRY_PERIOD_SECONDS"] == "4"
 
     docs = render(home, NON_DEFAULT["external-rbac"])
-    assert sorted(doc["kind"] for doc in docs) == ["Deployment", "PodDisruptionBudget", "Service"]
+    assert sorted(doc["kind"] for doc in docs) == ["Deployment", "PodDisruptionBudget", "Secret", "Service"]
     assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
 
 
@@ -277,7 +284,9 @@ def test_every_variable_the_chart_sets_is_a_flag_of_the_operator(home: Path) -> 
     operator = get_command(app).commands["operator"]  # type: ignore[attr-defined]
     envvars = {param.envvar for param in operator.params if param.envvar}
     env = container_env(one(render(home, NON_DEFAULT["tuned"]), "Deployment"))
-    assert len(env) == 15 and set(env) <= envvars, set(env) - envvars
+    # But the operator's agent key: a secret, read from the environment only (a flag shows in `ps`).
+    secrets = {"KUBETRAIN_AGENT_KEY"}
+    assert len(env) == 16 and set(env) - secrets <= envvars, set(env) - secrets - envvars
 
 
 def test_metrics_toggles(home: Path) -> None:
