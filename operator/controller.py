@@ -145,8 +145,9 @@ class JobState:
     phase: str | None = None  # as last written, for the jobs-by-phase gauge
     refusals: int = 0  # creation passes refused in a row: the retry backoff's exponent
     placement: kueue_io.Placed | None = None  # Kueue flavors read, and where they place
-    # The in-place job's agent token (operator/agent_io.py) once its Secret exists; "" if it cannot.
-    agent_token: str | None = None
+    # Whether the in-place job's agent token Secret (operator/agent_io.py) was created (or found);
+    # None: not tried by this process (the pods may predate it), False: refused.
+    agent_secret: bool | None = None
 
 
 def _count_phase(state: JobState, phase: str | None) -> None:
@@ -476,15 +477,11 @@ class Controller:
     async def _order(self, state: JobState, job: TrainingJob, key: Key, moved: list[str], attempt: int) -> None:
         """Order the moved pods' agents to `attempt` (operator/agent_io.py): the relabel's fast
         path, which does not wait for the kubelet to refresh each pod's attempt file."""
-        namespace, uid = key[0], state.body["metadata"]["uid"]
-        if state.agent_token is None:  # pods created by an operator process before this one
-            state.agent_token = agent_io.job_token(self.agent_key, namespace, uid)
-        if not state.agent_token:
+        if state.agent_secret is False:  # the pods have no token: they take no order
             return
+        token = agent_io.job_token(self.agent_key, key[0], state.body["metadata"]["uid"])
         ips = {p.name: p.ip for p in self.pods.get(key, ())}
-        outcomes = await agent_io.order(
-            [(pod, ips.get(pod)) for pod in moved], agent_port(job), state.agent_token, attempt
-        )
+        outcomes = await agent_io.order([(pod, ips.get(pod)) for pod in moved], agent_port(job), token, attempt)
         for pod, outcome in outcomes.items():
             if outcome != "ordered":
                 log.warning(
@@ -522,9 +519,9 @@ class Controller:
             kueue.place(render_pod(job, namespace, uid, rank, attempt, self.settings.render), where)
             for rank in decision.create_ranks
         ]
-        if pods and in_place(job) and state.agent_token is None:  # before the pods, which read it
+        if pods and in_place(job) and state.agent_secret is None:  # before the pods, which read it
             token = agent_io.job_token(self.agent_key, namespace, uid)
-            state.agent_token = token if await agent_io.ensure_secret(self.kube, job, namespace, uid, token) else ""
+            state.agent_secret = await agent_io.ensure_secret(self.kube, job, namespace, uid, token)
         recorded = get_condition(decision.status, podgroup.CONDITION)
         mode = "none" if recorded is None else podgroup.attempt_mode(recorded.status, recorded.reason)
         if pods and mode != "none":

@@ -76,10 +76,7 @@ class OperatorProcess:
         args = self.argv()
         # One key for every operator process of the tests, as the chart gives every replica one:
         # a restarted or standby operator signs in-place orders the running pods take.
-        env = {"KUBETRAIN_AGENT_KEY": TEST_AGENT_KEY, **os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        with self.log_path.open("ab") as log:
-            log.write(f"\n=== start {time.strftime('%H:%M:%S')} {' '.join(args)}\n".encode())
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self._spawn(args, {"KUBETRAIN_AGENT_KEY": TEST_AGENT_KEY, **os.environ})
         if wait:
             wait_for(self.ready, 30, f"the operator's /readyz (log: {self.log_path})")
         return self
@@ -93,12 +90,16 @@ class OperatorProcess:
         args = [str(KUBETRAIN), *args]
         outside = {k: v for k, v in os.environ.items() if not k.startswith("KUBETRAIN_")}
         outside.pop("KUBERNETES_SERVICE_HOST", None)
-        with self.log_path.open("ab") as log:
-            log.write(f"\n=== start {time.strftime('%H:%M:%S')} {' '.join(args)}\n".encode())
-            env = {**outside, **env, "KUBECONFIG": str(self.kubeconfig)}
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self._spawn(args, {**outside, **env})
         wait_for(self.ready, 60, f"the operator's /readyz (the probes' path and port; log: {self.log_path})")
         return self
+
+    def _spawn(self, args: list[str], env: dict[str, str]) -> None:
+        """`args` with `env` (and this control plane's kubeconfig), appending to the log."""
+        with self.log_path.open("ab") as log:
+            log.write(f"\n=== start {time.strftime('%H:%M:%S')} {' '.join(args)}\n".encode())
+            env = {**env, "KUBECONFIG": str(self.kubeconfig)}
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def _probe(self, path: str) -> bool:
         assert self.proc is not None
