@@ -108,6 +108,29 @@ class TrainingSpec(StrictModel):
     )
 
 
+# s3://bucket or s3://bucket/prefix: S3's bucket naming rules, then a prefix without blanks.
+OBJECT_STORE_URL_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$"
+
+
+class ObjectStoreConfig(StrictModel):
+    """An S3 (or S3-compatible) location the checkpoints are committed to (kubetrain.trainer.objectstore)."""
+
+    url: str = Field(
+        max_length=1024,
+        pattern=OBJECT_STORE_URL_PATTERN,
+        description="s3://bucket/prefix the checkpoints are committed under.",
+    )
+    endpoint: str | None = Field(
+        None,
+        max_length=1024,
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="Endpoint of an S3-compatible server (http(s)://host:port). Omitted: AWS S3.",
+    )
+    region: str | None = Field(
+        None, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$", description="The bucket's region. Omitted: us-east-1."
+    )
+
+
 class CheckpointConfig(StrictModel):
     """Where and when the trainer writes `step-N/` checkpoints; the latest complete one is resumed."""
 
@@ -116,7 +139,17 @@ class CheckpointConfig(StrictModel):
         min_length=1,
         max_length=1024,
         pattern=r"^\S+$",
-        description="Directory the checkpoints (and rank 0's metrics.jsonl) are written to.",
+        description=(
+            "Directory the checkpoints (and rank 0's metrics.jsonl) are written to. With objectStore: "
+            "where rank 0 stages each checkpoint before its upload."
+        ),
+    )
+    object_store: ObjectStoreConfig | None = Field(
+        None,
+        description=(
+            "Commit checkpoints to object storage instead of `dir`: staged in `dir`, uploaded in the "
+            "background, resumed from the newest commit. No shared volume is needed."
+        ),
     )
     every_steps: int | None = Field(
         None, ge=1, le=1_000_000_000, description="Save every N optimizer steps (in addition to each epoch end)."
