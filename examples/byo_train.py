@@ -53,7 +53,8 @@ def main() -> None:
         model = lib.DDP(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(ctx.device))
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         test_loader = lib.eval_loader(test_set, batch_size=512, rank=ctx.rank, world_size=ctx.world_size)
-        ckpt = lib.Checkpointer(ckpt_dir, rank=ctx.rank, world_size=ctx.world_size, generators=[loader.generator])
+        # checkpoint.dir, or checkpoint.objectStore staged in it; it logs the checkpoint records itself.
+        ckpt = lib.checkpointer(ckpt_dir, ctx, generators=[loader.generator])
 
         stop = lib.StopSignal(ctx)  # SIGTERM/SIGINT on any rank -> every rank stops at one step
         watchdog = lib.HangWatchdog(ctx.local_rank)  # steps stop -> stacks in the log (hangTimeoutSeconds)
@@ -61,9 +62,7 @@ def main() -> None:
         def save(reason: str) -> None:
             state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}
             state.update(epoch=epoch, batch=batch, step=step)
-            path = ckpt.save(step, state, reason=reason)
-            if path is not None:
-                lib.log0(ctx, "checkpoint", step=step, epoch=epoch, directory=ckpt_dir, path=str(path), reason=reason)
+            ckpt.save(step, state, reason=reason, epoch=epoch)  # "signal": returns once committed
 
         epoch = batch = step = 0  # batch: batches of `epoch` already trained
         resumed = ckpt.load()
@@ -94,6 +93,7 @@ def main() -> None:
             save("epoch")
         watchdog.stop()
         stop.close()
+        ckpt.wait()  # the last upload committed before `done` (a no-op on a volume)
         final_accuracy, _ = lib.evaluate(model.module, test_loader, ctx.device)
         lib.log0(
             ctx, "done", step=step, epoch=args.epochs, directory=ckpt_dir, loss=float(loss), accuracy=final_accuracy

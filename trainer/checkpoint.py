@@ -13,6 +13,12 @@ rename. A kill at any point leaves the previous complete checkpoint as the newes
 On resume rank 0 reads the newest complete checkpoint and broadcasts it; each rank gets its
 own RNG states scattered back. So only node 0 needs the volume, and NFS attribute caching
 on other nodes cannot make a rank see an older checkpoint than rank 0.
+
+With `object_store` (checkpoint.objectStore) `<dir>` only stages: rank 0 writes `step-N/` into
+`<dir>/.staging/` (no fsync: the upload is what makes it durable) and returns to training while a
+background thread uploads it and appends its commit (kubetrain.trainer.objectstore). Resume
+reads the newest commit. The stall per save is the local write, plus the wait for the previous
+upload when saves come faster than uploads.
 """
 
 from __future__ import annotations
@@ -24,16 +30,23 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+from kubetrain.api.training import ObjectStoreConfig
+
+if TYPE_CHECKING:
+    from kubetrain.trainer.metrics import MetricsLogger
+    from kubetrain.trainer.objectstore import Entry, ObjectStore, Uploader
 
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TMP_PREFIX = ".tmp-"
+STAGING_SUBDIR = ".staging"  # under checkpoint.dir: where an object-store checkpoint waits for its upload
 
 
 class CheckpointError(RuntimeError):
@@ -85,34 +98,45 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def write_checkpoint(directory: str | Path, step: int, payload: dict[str, Any], meta: dict[str, Any]) -> Path:
-    """Write `step-<step>/` atomically (see the module docstring) and return its path."""
+def write_checkpoint(
+    directory: str | Path, step: int, payload: dict[str, Any], meta: dict[str, Any], *, durable: bool = True
+) -> Path:
+    """Write `step-<step>/` atomically (see the module docstring) and return its path. Without
+    `durable` nothing is fsynced (a staged copy, made durable by its upload)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f"{_TMP_PREFIX}step-{step}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    sync = os.fsync if durable else (lambda fd: None)
     with (tmp / STATE_FILE).open("wb") as f:
         torch.save(payload, f)
         f.flush()
-        os.fsync(f.fileno())
-    _fsync_dir(tmp)
+        sync(f.fileno())
+    if durable:
+        _fsync_dir(tmp)
     final = directory / f"step-{step}"
     if final.exists():
         # Left by a run killed between the rename and meta.json (a complete one is never
         # rewritten: the loop saves each step at most once).
         shutil.rmtree(final)
     os.rename(tmp, final)
-    _fsync_dir(directory)
+    if durable:
+        _fsync_dir(directory)
     meta_tmp = final / f"{_TMP_PREFIX}{META_FILE}"
     with meta_tmp.open("w", encoding="utf-8") as f:
-        json.dump({**meta, "step": step, "format_version": FORMAT_VERSION, "time": time.time()}, f)
+        json.dump(full_meta(step, meta), f)
         f.flush()
-        os.fsync(f.fileno())
+        sync(f.fileno())
     os.rename(meta_tmp, final / META_FILE)
-    _fsync_dir(final)
+    if durable:
+        _fsync_dir(final)
     return final
+
+
+def full_meta(step: int, meta: dict[str, Any]) -> dict[str, Any]:
+    return {**meta, "step": step, "format_version": FORMAT_VERSION, "time": time.time()}
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -121,10 +145,14 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     meta = _read_meta(path)
     if meta is None:
         raise CheckpointError(f"{path} has no readable {META_FILE}: it is not a complete checkpoint")
+    return read_state(path / STATE_FILE, meta, str(path)), meta
+
+
+def read_state(state_file: Path, meta: dict[str, Any], where: str) -> dict[str, Any]:
     if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path} has format version {meta.get('format_version')}, expected {FORMAT_VERSION}")
-    payload = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
-    return payload, meta
+        raise CheckpointError(f"{where} has format version {meta.get('format_version')}, expected {FORMAT_VERSION}")
+    payload: dict[str, Any] = torch.load(state_file, map_location="cpu", weights_only=True)
+    return payload
 
 
 def prune(directory: str | Path, keep: int) -> list[Path]:
@@ -179,6 +207,12 @@ class Checkpointer:
     differ between ranks, so the time rule is rank 0's alone: the caller sends rank 0's
     `time_vote()` to every rank (the built-in loop packs it into the collective it already
     makes on log steps) and passes the agreed vote to `due`.
+
+    With `object_store` the checkpoints are committed to it (the module docstring); `job` and
+    `attempt` (default: KUBETRAIN_JOB_UID and KUBETRAIN_ATTEMPT) fence a stale attempt's commits.
+    With `metrics`, rank 0 logs a `checkpoint` record once a checkpoint is committed (an
+    object-store save: when its upload lands) and a `checkpoint_refused` record for each stale
+    commit the store refused; without it the caller logs its own.
     """
 
     def __init__(
@@ -192,6 +226,10 @@ class Checkpointer:
         generators: list[torch.Generator] | None = None,
         every_steps: int | None = None,
         every_seconds: float | None = None,
+        object_store: ObjectStoreConfig | str | None = None,
+        metrics: MetricsLogger | None = None,
+        job: str | None = None,
+        attempt: int | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.rank = rank
@@ -201,11 +239,32 @@ class Checkpointer:
         self.generators = list(generators or [])
         self.every_steps = every_steps
         self.every_seconds = every_seconds
+        self.metrics = metrics
         # The newest step on disk (None before the first save or resume), and when it was written.
         self.last_step: int | None = None
         # Why the checkpoint `load` resumed was taken (its meta.json; rank 0 only).
         self.loaded_reason: str | None = None
         self._last_time = time.monotonic()
+        if isinstance(object_store, str):
+            object_store = ObjectStoreConfig(url=object_store)
+        self.object_store = object_store
+        self._store: ObjectStore | None = None
+        self._uploader: Uploader | None = None
+        if object_store is not None and rank == 0:
+            from kubetrain.trainer import objectstore
+
+            default_job, default_attempt = objectstore.job_identity()
+            self._store = objectstore.ObjectStore(
+                object_store,
+                job=default_job if job is None else job,
+                attempt=default_attempt if attempt is None else attempt,
+            )
+            self._uploader = objectstore.Uploader(self._store, keep, _warn)
+
+    @property
+    def location(self) -> str:
+        """Where the checkpoints go: the directory, or the object store's URL."""
+        return str(self.directory) if self.object_store is None else self.object_store.url
 
     def time_vote(self) -> bool:
         """Rank 0's opinion that `every_seconds` have passed since the last save; False elsewhere."""
@@ -219,9 +278,20 @@ class Checkpointer:
             return False
         return (self.every_steps is not None and step % self.every_steps == 0) or time_vote
 
-    def save(self, step: int, state: dict[str, Any], *, reason: str | None = None) -> Path | None:
-        """Write `step-<step>/` on rank 0; returns its path there, None elsewhere. `reason`
-        (why it was taken: periodic, epoch, final, signal) is kept in its meta.json."""
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        *,
+        reason: str | None = None,
+        epoch: int | None = None,
+        wait: bool | None = None,
+    ) -> Path | str | None:
+        """Write `step-<step>/` on rank 0; returns where it goes there (a Path, or the object
+        store's URL of it), None elsewhere. `reason` (why it was taken: periodic, epoch, final,
+        signal) is kept in its meta. An object-store save returns once staged, its upload goes
+        on in the background; with `wait` (the default for reason "signal" or "final": the process
+        may exit right after) it returns only once committed."""
         self.last_step, self._last_time = step, time.monotonic()
         mine = rng_state(self.generators)
         ranks: list[Any] = [mine]
@@ -231,11 +301,63 @@ class Checkpointer:
         if self.rank != 0:
             return None
         meta = {"fingerprint": self.fingerprint, "world_size": self.world_size, "reason": reason}
-        path = write_checkpoint(self.directory, step, {"state": state, "ranks": ranks}, meta)
-        prune(self.directory, self.keep)
-        return path
+        epoch = epoch if epoch is not None else _int(state.get("epoch"))
+        payload = {"state": state, "ranks": ranks}
+        if self._store is None or self._uploader is None:
+            path = write_checkpoint(self.directory, step, payload, meta)
+            prune(self.directory, self.keep)
+            self._record("checkpoint", step=step, epoch=epoch, path=str(path), reason=reason)
+            return path
+        self._uploader.wait(raise_failures=False)  # one upload at a time: the stall when saves outrun uploads
+        staged = write_checkpoint(self.directory / STAGING_SUBDIR, step, payload, meta, durable=False)
+        store = self._store
 
-    def _check(self, path: Path, meta: dict[str, Any]) -> str | None:
+        def committed(entry: Entry) -> None:
+            self._record("checkpoint", step=step, epoch=epoch, path=store.url(store.payload_dir(step)), reason=reason)
+
+        self._uploader.start(step, staged, full_meta(step, meta), committed)
+        if wait or (wait is None and reason in ("signal", "final")):
+            self.wait()
+        self._report_refusals()
+        return store.url(store.payload_dir(step))
+
+    def wait(self) -> None:
+        """Rank 0: until the last save is committed (a no-op on a volume and on other ranks).
+        Raises CheckpointError if it was not."""
+        if self._uploader is None:
+            return
+        from kubetrain.trainer.objectstore import StoreError
+
+        try:
+            self._uploader.wait()
+        except StoreError as exc:
+            raise CheckpointError(str(exc)) from exc
+
+    def _record(self, event: str, **fields: Any) -> None:
+        if self.metrics is not None:
+            self.metrics.emit(event, **fields)
+
+    def _report_refusals(self) -> None:
+        """The holder's report of commits its store refused to stale attempts (once each)."""
+        if self._store is None or self.metrics is None:
+            return
+        try:
+            notes = self._store.take_refusals()
+        except Exception as exc:  # a report, never a reason to stop training
+            _warn(str(exc))
+            return
+        for note in notes:
+            self._record(
+                "checkpoint_refused",
+                step=_int(note.get("step")),
+                epoch=0,
+                path=note.get("path"),
+                # The record's own `attempt` is the reporting (holding) attempt's.
+                refused_attempt=note.get("attempt"),
+                current_attempt=note.get("current_attempt"),
+            )
+
+    def _check(self, path: Path | str, meta: dict[str, Any]) -> str | None:
         if self.fingerprint is not None and meta.get("fingerprint") != self.fingerprint:
             return (
                 f"refusing to resume {path}: it was written by a different training configuration "
@@ -249,18 +371,46 @@ class Checkpointer:
             )
         return None
 
-    def load(self) -> tuple[Path, dict[str, Any]] | None:
-        """Rank 0 reads the newest complete checkpoint, every rank gets (path, state) and its RNG back."""
-        message: list[Any] = [None, None, None]  # error, path, payload
-        if self.rank == 0:
+    def _read_newest(self) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+        """Rank 0: (where, payload, meta) of the newest complete checkpoint, or None."""
+        if self._store is None:
             path = latest_checkpoint(self.directory)
-            if path is not None:
-                try:
-                    payload, meta = read_checkpoint(path)
-                    message = [self._check(path, meta), str(path), payload]
+            if path is None:
+                return None
+            payload, meta = read_checkpoint(path)
+            return str(path), payload, meta
+        from kubetrain.trainer.objectstore import STATE_FILE as OBJECT_STATE_FILE
+
+        self._store.register()  # this attempt holds the store from here on: a stale one's commits are refused
+        self._report_refusals()
+        entry = self._store.latest()
+        if entry is None or entry.step is None:
+            return None
+        where = self._store.url(self._store.payload_dir(entry.step, entry.attempt))
+        local = self._store.download(entry, self.directory / STAGING_SUBDIR / ".resume" / OBJECT_STATE_FILE)
+        try:
+            return where, read_state(local, entry.meta, where), entry.meta
+        finally:
+            local.unlink(missing_ok=True)
+
+    def load(self) -> tuple[Path | str, dict[str, Any]] | None:
+        """Rank 0 reads the newest complete checkpoint, every rank gets (where, state) and its RNG
+        back: where is a Path on a volume, the object store's URL of it otherwise."""
+        message: list[Any] = [None, None, None]  # error, where, payload
+        if self.rank == 0:
+            try:
+                newest = self._read_newest()
+                if newest is not None:
+                    where, payload, meta = newest
+                    message = [self._check(where, meta), where, payload]
                     self.loaded_reason = meta.get("reason")
-                except Exception as exc:  # an unreadable newest checkpoint must stop every rank
-                    message = [f"cannot load {path}: {type(exc).__name__}: {exc}", str(path), None]
+                    self.last_step = _int(meta.get("step"))
+            except Exception as exc:  # an unreadable newest checkpoint must stop every rank
+                message = [
+                    f"cannot load the newest checkpoint of {self.location}: {type(exc).__name__}: {exc}",
+                    None,
+                    None,
+                ]
         if self.world_size > 1:
             error_and_path = [message[0], message[1]]
             dist.broadcast_object_list(error_and_path, src=0)
@@ -277,6 +427,24 @@ class Checkpointer:
             dist.scatter_object_list(mine, ranks, src=0)
         set_rng_state(mine[0], self.generators)
         restored: dict[str, Any] = state[0]
-        path = Path(message[1])
-        self.last_step, self._last_time = step_of(path), time.monotonic()
-        return path, restored
+        where = message[1] if self.object_store is not None else Path(message[1])
+        self.last_step, self._last_time = _step_of_where(where), time.monotonic()
+        return where, restored
+
+
+def _step_of_where(where: Path | str) -> int:
+    name = Path(str(where)).name  # step-N, or step-N-aA for an object store's
+    match = re.match(r"^step-(\d+)(-a\d+)?$", name)
+    if match is None:
+        raise CheckpointError(f"{where} is not a step-N checkpoint")
+    return int(match.group(1))
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _warn(message: str) -> None:
+    from kubetrain.trainer.metrics import log
+
+    log.warning("%s", message)

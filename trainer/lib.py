@@ -5,16 +5,21 @@
     with lib.distributed() as ctx:                      # env contract -> process group
         loader = lib.sharded_loader(dataset, batch_size=32, rank=ctx.rank, world_size=ctx.world_size)
         model = lib.DDP(net.to(ctx.device))
-        ckpt = lib.Checkpointer(lib.checkpoint_dir("/tmp/ckpt"), rank=ctx.rank, world_size=ctx.world_size,
-                                generators=[loader.generator], every_steps=100)
-        resumed = ckpt.load()                           # (path, state) or None; RNG restored per rank
+        ckpt = lib.checkpointer("/tmp/ckpt", ctx, generators=[loader.generator], every_steps=100)
+        resumed = ckpt.load()                           # (where, state) or None; RNG restored per rank
         ...
         if ckpt.due(step):
-            ckpt.save(step, {"model": model.module.state_dict(), "step": step})
+            ckpt.save(step, {"model": model.module.state_dict(), "step": step}, epoch=epoch)
         lib.log0(ctx, "step", step=step, epoch=epoch, loss=loss)
         if stop.agreed():                               # SIGTERM on any rank (pod deleted, evicted, ...)
-            ckpt.save(step, {...}, reason="signal")     # this step: no step lost
+            ckpt.save(step, {...}, reason="signal")     # this step, committed before it returns: no step lost
             stop.exit()                                 # every rank exits EXIT_STOPPED (143)
+        ...
+        ckpt.wait()                                     # before `done`: the last upload committed
+
+`lib.checkpointer` saves where the TrainingJob says (`checkpoint.dir`, or `checkpoint.objectStore`
+staged in it; `default` outside a job) and logs the `checkpoint` records itself, once each is
+committed. `lib.Checkpointer(directory, ..., object_store="s3://bucket/prefix")` is the same by hand.
 
 with `stop = lib.StopSignal(ctx)` made once, on every rank, before the loop (kubetrain.trainer.stopping).
 A DataLoader of your own with `num_workers > 0` needs `worker_init_fn=lib.loader_worker_init`
@@ -36,7 +41,7 @@ from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from kubetrain.api.training import CONFIG_ENV, TrainConfig
+from kubetrain.api.training import CONFIG_ENV, ObjectStoreConfig, TrainConfig
 from kubetrain.trainer.checkpoint import Checkpointer, CheckpointError, latest_checkpoint
 from kubetrain.trainer.data import ShardedLoader, eval_loader, sharded_loader
 from kubetrain.trainer.dist import ContractError, DistContext, barrier, distributed, finish, setup, teardown
@@ -60,6 +65,7 @@ __all__ = [
     "accumulate_gradients",
     "barrier",
     "checkpoint_dir",
+    "checkpointer",
     "configure_logging",
     "context",
     "distributed",
@@ -69,6 +75,7 @@ __all__ = [
     "latest_checkpoint",
     "loader_worker_init",
     "log0",
+    "object_store",
     "setup",
     "sharded_loader",
     "teardown",
@@ -82,6 +89,39 @@ def checkpoint_dir(default: str | Path) -> Path:
     if os.environ.get(CONFIG_ENV):
         return Path(TrainConfig.from_env().checkpoint.dir)
     return Path(default)
+
+
+def object_store() -> ObjectStoreConfig | None:
+    """The TrainingJob's `checkpoint.objectStore` when KUBETRAIN_CONFIG is set, else None."""
+    if os.environ.get(CONFIG_ENV):
+        return TrainConfig.from_env().checkpoint.object_store
+    return None
+
+
+def checkpointer(default: str | Path, ctx: DistContext, **kwargs: Any) -> Checkpointer:
+    """A Checkpointer on the job's checkpoint location: `checkpoint.dir`, or `checkpoint.objectStore`
+    staged in it (`default` outside a TrainingJob), keeping `checkpoint.keep` unless `keep=` is
+    given. It logs a `checkpoint` record (into `<dir>/metrics.jsonl` too, as `log0(...,
+    directory=<dir>)` does) once each checkpoint is committed. Other arguments: Checkpointer's."""
+    directory = checkpoint_dir(default)
+    if os.environ.get(CONFIG_ENV):
+        kwargs.setdefault("keep", TrainConfig.from_env().checkpoint.keep)
+    return Checkpointer(
+        directory,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        object_store=object_store(),
+        metrics=_logger(ctx, directory),
+        **kwargs,
+    )
+
+
+def _logger(ctx: DistContext, directory: str | Path | None) -> MetricsLogger:
+    key = str(directory)
+    logger = _loggers.get(key)
+    if logger is None:
+        logger = _loggers[key] = MetricsLogger(ctx.rank, directory)
+    return logger
 
 
 def log0(
@@ -99,10 +139,7 @@ def log0(
     With `directory`, records are also appended to `<directory>/metrics.jsonl`. `total_steps`
     is remembered for the following records of the same directory.
     """
-    key = str(directory)
-    logger = _loggers.get(key)
-    if logger is None:
-        logger = _loggers[key] = MetricsLogger(ctx.rank, directory)
+    logger = _logger(ctx, directory)
     if total_steps is not None:
         logger.total_steps = total_steps
     logger.emit(event, step=step, epoch=epoch, **fields)

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -18,6 +19,8 @@ from kubetrain.api.contract import ATTEMPT_ENV
 from kubetrain.api.records import EVENTS, MARKS, METRICS_FILE
 
 log = logging.getLogger("kubetrain.trainer")
+# Records also come from a background thread (an object-store checkpoint's commit): one line at a time.
+_write_lock = threading.Lock()
 
 
 def configure_logging(rank: int, stream: TextIO | None = None) -> None:
@@ -102,12 +105,13 @@ class MetricsLogger:
             record["attempt"] = int(attempt)
         record.update({key: _clean(value) for key, value in fields.items()})
         line = json.dumps(record, separators=(",", ":"), allow_nan=False)
-        if self.stdout:
-            sys.stdout.write(line + "\n")
-            sys.stdout.flush()
-        if self._file is not None:
-            self._file.write(line + "\n")
-            self._file.flush()
+        with _write_lock:
+            if self.stdout:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+            if self._file is not None:
+                self._file.write(line + "\n")
+                self._file.flush()
         return record
 
     def close(self) -> None:

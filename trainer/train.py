@@ -244,6 +244,7 @@ def build(config: TrainConfig, ctx: DistContext) -> Run:
     optimizer = build_optimizer(spec, model.parameters())
     schedule = cosine_schedule(total_steps) if spec.lr_schedule == "cosine" else (lambda _: 1.0)
     fingerprint = config.fingerprint()
+    metrics = MetricsLogger(rank, ckpt.dir, total_steps=total_steps)
     checkpointer = Checkpointer(
         ckpt.dir,
         rank=rank,
@@ -253,6 +254,8 @@ def build(config: TrainConfig, ctx: DistContext) -> Run:
         generators=[loader.generator],
         every_steps=ckpt.every_steps,
         every_seconds=ckpt.every_seconds,
+        object_store=ckpt.object_store,
+        metrics=metrics,
     )
     return Run(
         spec=spec,
@@ -264,7 +267,7 @@ def build(config: TrainConfig, ctx: DistContext) -> Run:
         loader=loader,
         test_loader=test_loader,
         checkpointer=checkpointer,
-        metrics=MetricsLogger(rank, ckpt.dir, total_steps=total_steps),
+        metrics=metrics,
         fingerprint=fingerprint,
         steps_per_epoch=steps_per_epoch,
         total_steps=total_steps,
@@ -290,10 +293,10 @@ def load(run: Run) -> TrainState:
 
 def save(run: Run, state: TrainState, reason: str) -> None:
     """Collective: rank 0 writes the checkpoint; `reason` (periodic, epoch, final, signal) goes
-    into its meta.json and its record, and from there into status.lastCheckpoint."""
-    path = run.checkpointer.save(state.step, run.state_dict(state), reason=reason)
-    if path is not None:
-        run.metrics.emit("checkpoint", step=state.step, epoch=state.epoch, path=str(path), reason=reason)
+    into its meta.json and its record (the checkpointer's, once committed), and from there into
+    status.lastCheckpoint. A stop or final save returns only once committed (an object store's
+    upload included): the process may exit right after it."""
+    run.checkpointer.save(state.step, run.state_dict(state), reason=reason, epoch=state.epoch)
 
 
 def evaluate_and_log(run: Run, state: TrainState) -> float:
@@ -370,6 +373,7 @@ def train(config: TrainConfig, ctx: DistContext) -> dict[str, Any]:
         run.stop.close()
         if run.checkpointer.last_step != state.step:
             save(run, state, "final")
+        run.checkpointer.wait()  # an epoch save's upload still in flight
         if accuracy is None or state.batch_in_epoch != 0:
             accuracy = evaluate_and_log(run, state)
         done = {"loss": window.last_loss, "accuracy": accuracy}
