@@ -99,6 +99,16 @@ def rendezvous_env(
     return env
 
 
+# checkpoint.objectStore.credentialsSecret: the Secret's keys, each given to the training
+# containers as the variable of the same name, the names obstore and every AWS SDK read. A
+# session token goes only with temporary keys, so that key may be missing.
+AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
+AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
+AWS_SESSION_TOKEN = "AWS_SESSION_TOKEN"
+OBJECT_STORE_CREDENTIALS = (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN)
+OPTIONAL_CREDENTIALS = frozenset((AWS_SESSION_TOKEN,))
+
+
 TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
 # Every node's env gets these unless the job's `env` sets the name (they are not reserved:

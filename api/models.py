@@ -17,19 +17,27 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.config import JsonDict
 
 from kubetrain.api import naming
-from kubetrain.api.contract import FAULT_ENV, RESERVED_ENV, RESERVED_ENV_PREFIX, is_reserved
+from kubetrain.api.contract import (
+    FAULT_ENV,
+    OBJECT_STORE_CREDENTIALS,
+    OPTIONAL_CREDENTIALS,
+    RESERVED_ENV,
+    RESERVED_ENV_PREFIX,
+    is_reserved,
+)
 from kubetrain.api.podtemplate import SPEC_RULES as TEMPLATE_RULES
 from kubetrain.api.podtemplate import PodTemplate
 from kubetrain.api.podtemplate import problems as template_problems
 from kubetrain.api.training import (
     Backend,
     CheckpointConfig,
+    ObjectStoreConfig,
     StrictModel,
     TrainConfig,
     TrainingSpec,
@@ -55,6 +63,8 @@ Quantity = Annotated[
 ShortString = Annotated[str, Field(max_length=253)]
 LabelValue = Annotated[str, Field(max_length=63)]
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+# The name of a namespaced object (a PVC, a ServiceAccount, a Secret): a DNS subdomain.
+OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 # The fields that define the computation of a running job. Changing them would make the
@@ -187,9 +197,7 @@ class Toleration(StrictModel):
 
 
 class PersistentVolumeClaimRef(StrictModel):
-    claim_name: str = Field(
-        max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", description="Name of an existing PVC."
-    )
+    claim_name: str = Field(max_length=253, pattern=OBJECT_NAME_PATTERN, description="Name of an existing PVC.")
 
 
 class EmptyDirVolume(StrictModel):
@@ -224,14 +232,43 @@ class CheckpointVolume(StrictModel):
         return self
 
 
+_CREDENTIAL_KEYS = ", ".join(name for name in OBJECT_STORE_CREDENTIALS if name not in OPTIONAL_CREDENTIALS)
+_OPTIONAL_KEYS = ", ".join(sorted(OPTIONAL_CREDENTIALS))
+
+
+class ObjectStoreSpec(ObjectStoreConfig):
+    """The object store as the cluster sees it: where the credentials come from, besides where
+    the checkpoints go. Only the pods' env carries them, never the trainer's configuration."""
+
+    credentials_secret: str | None = Field(
+        None,
+        max_length=253,
+        pattern=OBJECT_NAME_PATTERN,
+        description=(
+            f"A Secret in the job's namespace with the keys {_CREDENTIAL_KEYS} (and optionally {_OPTIONAL_KEYS}), "
+            "given to the training containers as the variables of the same names. Omitted: the pods' own "
+            "credentials (IRSA, workload identity, or env your job sets)."
+        ),
+    )
+
+
 class CheckpointSpec(CheckpointConfig):
+    # The trainer's field, with the cluster's credentials beside it.
+    object_store: ObjectStoreSpec | None = Field(
+        None, description=CheckpointConfig.model_fields["object_store"].description
+    )
     volume: CheckpointVolume | None = Field(
         None,
-        description="Volume mounted at `dir` in every node's pod. Omitted: an emptyDir (no resume across restarts).",
+        description=(
+            "Volume mounted at `dir` in every node's pod. Omitted: an emptyDir (no resume across restarts, "
+            "unless objectStore holds the checkpoints: the emptyDir is then only their staging area)."
+        ),
     )
 
     def trainer_config(self) -> CheckpointConfig:
-        return CheckpointConfig.model_validate(self.model_dump(exclude={"volume"}))
+        """What the trainer gets: no volume, and no credentials (those reach the pods as env)."""
+        dropped: dict[str, Any] = {"volume": True, "object_store": {"credentials_secret"}}
+        return CheckpointConfig.model_validate(self.model_dump(exclude=dropped))
 
 
 def _cel(rule: str, message: str, field_path: str | None = None) -> ConfigDict:
@@ -416,6 +453,12 @@ class SchedulingSpec(StrictModel):
     )
 
 
+_CREDENTIALS_TWICE = (
+    f"env may not set {', '.join(OBJECT_STORE_CREDENTIALS[:-1])} or {OBJECT_STORE_CREDENTIALS[-1]} while "
+    "checkpoint.objectStore.credentialsSecret gives them: set the credentials in one place"
+)
+
+
 class TrainingJobSpec(StrictModel):
     """A gang of `nodes` pods, each running `gpusPerNode` processes under torchrun."""
 
@@ -431,6 +474,13 @@ class TrainingJobSpec(StrictModel):
                     "rule": "!(self.training.bf16 && self.gpusPerNode == 0)",
                     "message": "training.bf16 needs GPUs: set gpusPerNode >= 1",
                     "fieldPath": ".training.bf16",
+                },
+                {
+                    "rule": "!(has(self.checkpoint) && has(self.checkpoint.objectStore) && "
+                    "has(self.checkpoint.objectStore.credentialsSecret) && has(self.env) && "
+                    "self.env.exists(e, e.name in " + repr(list(OBJECT_STORE_CREDENTIALS)).replace('"', "'") + "))",
+                    "message": _CREDENTIALS_TWICE,
+                    "fieldPath": ".env",
                 },
                 *[_immutable_rule(field) for field in IMMUTABLE_FIELDS],
                 *TEMPLATE_RULES,
@@ -488,7 +538,7 @@ class TrainingJobSpec(StrictModel):
     service_account_name: str | None = Field(
         None,
         max_length=253,
-        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        pattern=OBJECT_NAME_PATTERN,
         description="ServiceAccount the pods run as.",
     )
     scheduler_name: str | None = Field(
@@ -535,6 +585,14 @@ class TrainingJobSpec(StrictModel):
             raise ValueError("backend: nccl needs GPUs: set gpusPerNode >= 1 or backend gloo/auto")
         if self.training.bf16 and self.gpus_per_node == 0:
             raise ValueError("training.bf16: bf16 autocast needs GPUs: set gpusPerNode >= 1")
+        store = self.checkpoint.object_store
+        if store is not None and store.credentials_secret is not None:
+            for index, var in enumerate(self.env or []):
+                if var.name in OBJECT_STORE_CREDENTIALS:
+                    raise ValueError(
+                        f"env[{index}].name: {var.name} comes from checkpoint.objectStore.credentialsSecret "
+                        f"({store.credentials_secret}): set the credentials in one place"
+                    )
         if self.template is not None:
             found = template_problems(self.template, checkpoint_dir=self.checkpoint.dir, master_port=self.master_port)
             if found:

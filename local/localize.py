@@ -22,6 +22,7 @@ from kubetrain.api.contract import (
     CHECKPOINT_DIR_ENV,
     MASTER_ADDR,
     MASTER_PORT,
+    OBJECT_STORE_CREDENTIALS,
     PET_PREFIX,
 )
 from kubetrain.api.training import CONFIG_ENV, TrainConfig
@@ -38,6 +39,10 @@ PYTHONPATH = "PYTHONPATH"
 # A sitecustomize that loads kubetrain.trainer.torchrun_hooks: what the trainer image's .pth does.
 SITE_DIR = Path(__file__).resolve().parent / "site"
 SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+# What an object store's client reads besides the credentials themselves: the nodes inherit them
+# from the environment `kubetrain run` was started in, as they inherit everything not reserved.
+AWS_SETTINGS = ("AWS_REGION", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
+CREDENTIALS_FIELD = "checkpoint.objectStore.credentialsSecret"
 
 # The whole difference between a node's pod on a cluster and its process here.
 LOCAL_REWRITES: tuple[tuple[str, str], ...] = (
@@ -57,6 +62,11 @@ LOCAL_REWRITES: tuple[tuple[str, str], ...] = (
         "'' and none (no readiness probe and no orders over the network locally: kubetrain reads the agents' "
         "records and writes the attempt files itself)",
     ),
+    (
+        ", ".join(OBJECT_STORE_CREDENTIALS),
+        f"{CREDENTIALS_FIELD} (a Secret) -> the AWS_* credentials of your environment, where set "
+        f"(and {', '.join(AWS_SETTINGS)})",
+    ),
     (CUDA_VISIBLE_DEVICES, "node i gets GPUs [i*gpusPerNode, (i+1)*gpusPerNode) of the visible ones; '' on CPU"),
     (OMP_NUM_THREADS, "the machine's cores shared among all processes (unless set in spec.env)"),
     (PYTHONUNBUFFERED, "1: output is a pipe read line by line"),
@@ -73,9 +83,13 @@ LOCAL_REWRITES: tuple[tuple[str, str], ...] = (
 )
 
 
-def resolve_env(entries: Sequence[Mapping[str, Any]], pod: Mapping[str, Any], pod_ip: str) -> dict[str, str]:
+def resolve_env(
+    entries: Sequence[Mapping[str, Any]], pod: Mapping[str, Any], pod_ip: str, from_host: Collection[str] = ()
+) -> dict[str, str]:
     """A container's env list as a plain mapping. Pod fields are emulated; Secrets, ConfigMaps and
-    container resources exist only on a cluster, so they are refused, naming the variable."""
+    container resources exist only on a cluster, so they are refused, naming the variable, but for
+    the names `from_host` (checkpoint.objectStore.credentialsSecret's): left out, so the nodes
+    inherit them from this process's environment where it has them."""
     fields = {
         "metadata.name": pod["metadata"]["name"],
         "metadata.namespace": pod["metadata"]["namespace"],
@@ -87,6 +101,8 @@ def resolve_env(entries: Sequence[Mapping[str, Any]], pod: Mapping[str, Any], po
     for entry in entries:
         name = entry["name"]
         if name == AGENT_TOKEN_ENV:  # the operator's Secret: no operator orders the agents here
+            continue
+        if name in from_host:  # the cluster's Secret: this environment's credentials instead
             continue
         if "valueFrom" not in entry:
             env[name] = str(entry.get("value", ""))

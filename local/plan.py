@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from kubetrain.api import naming
-from kubetrain.api.contract import is_reserved
+from kubetrain.api.contract import OBJECT_STORE_CREDENTIALS, is_reserved
 from kubetrain.api.manifest import InvalidTrainingJob, load, parse
 from kubetrain.api.models import TrainingJob
 from kubetrain.local.localize import (
@@ -139,11 +139,13 @@ class LocalPlan:
     def nodes(self, attempt: int, master_port: int) -> list[NodeProcess]:
         """The localized node processes of one gang attempt."""
         out = []
+        store = self.job.spec.checkpoint.object_store
+        from_host = OBJECT_STORE_CREDENTIALS if store is not None and store.credentials_secret is not None else ()
         for rank, pod in enumerate(self.pods(attempt)):
             container = next(c for c in pod["spec"]["containers"] if c["name"] == naming.CONTAINER_NAME)
             entries = container.get("env", [])
             env, changed = localize_env(
-                resolve_env(entries, pod, self.node_addrs[rank]),
+                resolve_env(entries, pod, self.node_addrs[rank], from_host),
                 master_addr=None if self.netns else self.node_addrs[0],
                 master_port=master_port,
                 checkpoint_dir=self.checkpoint_dir.resolve(),

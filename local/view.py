@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from kubetrain.api import naming
-from kubetrain.local.localize import LOCAL_REWRITES
+from kubetrain.local.localize import CREDENTIALS_FIELD, LOCAL_REWRITES
 from kubetrain.local.plan import LocalPlan, NodeProcess, attempt_log
 from kubetrain.local.result import RunResult
 
@@ -26,12 +26,18 @@ def header_lines(plan: LocalPlan) -> list[str]:
         f"{'GPU' if spec.gpus_per_node else 'CPU'} process(es), run dir {plan.run_dir}",
         "local rewrites of the rendered pods (everything else as on a cluster):",
     ]
-    lines += [
-        f"  {names}: {how}"
-        for names, how in LOCAL_REWRITES
-        if plan.netns is not None or not how.startswith("--netns only")
-    ]
+    lines += [f"  {names}: {how}" for names, how in LOCAL_REWRITES if _applies(plan, how)]
     return lines
+
+
+def _applies(plan: LocalPlan, how: str) -> bool:
+    """Whether a row of the rewrite table changes anything for this run."""
+    if how.startswith("--netns only"):
+        return plan.netns is not None
+    if how.startswith(CREDENTIALS_FIELD):
+        store = plan.job.spec.checkpoint.object_store
+        return store is not None and store.credentials_secret is not None
+    return True
 
 
 def checkpoint_line(result: RunResult) -> str:

@@ -21,6 +21,8 @@ from kubetrain.api.contract import (
     CHECKPOINT_DIR_ENV,
     DEFAULT_COMMAND,
     DEFAULT_GRACE_SECONDS,
+    OBJECT_STORE_CREDENTIALS,
+    OPTIONAL_CREDENTIALS,
     POD_IP_ENV,
     READY_PATH,
     SHUTDOWN_TIMEOUT_ENV,
@@ -192,6 +194,22 @@ def _in_place_pod(job: TrainingJob, container: dict[str, Any], pod_spec: dict[st
     )
 
 
+def _credentials_env(job: TrainingJob) -> list[dict[str, Any]]:
+    """checkpoint.objectStore.credentialsSecret's keys as the variables obstore reads. By
+    reference only: no credential is ever part of the pod, the job, its status or an Event, and
+    only the trainer container gets them (not the template's init containers and sidecars)."""
+    store = job.spec.checkpoint.object_store
+    if store is None or store.credentials_secret is None:
+        return []
+    env: list[dict[str, Any]] = []
+    for name in OBJECT_STORE_CREDENTIALS:
+        ref: dict[str, Any] = {"name": store.credentials_secret, "key": name}
+        if name in OPTIONAL_CREDENTIALS:
+            ref["optional"] = True
+        env.append({"name": name, "valueFrom": {"secretKeyRef": ref}})
+    return env
+
+
 def _env(
     job: TrainingJob, namespace: str, node_rank: int, settings: RenderSettings, attempt: int = 0
 ) -> list[dict[str, Any]]:
@@ -212,6 +230,7 @@ def _env(
         env.append({"name": STACKS_AFTER_ENV, "value": str(stacks_after_seconds(spec.run_policy.hang_timeout_seconds))})
     env.append({"name": CONFIG_ENV, "value": spec.trainer_config().to_env_value()})
     env.append({"name": CHECKPOINT_DIR_ENV, "value": spec.checkpoint.dir})
+    env.extend(_credentials_env(job))
     env.extend(_attempt_env(job, attempt))
     for var in spec.env or []:
         # The models reject these already; a renderer bug must not let one through.

@@ -13,9 +13,9 @@ from typing import Any
 from support.jobs import BASE_JOB
 
 
-def _with(path: str, value: Any, *, name: str | None = None) -> dict[str, Any]:
-    """BASE_JOB with the value at a dotted path (`spec.training.epochs`) set."""
-    job = copy.deepcopy(BASE_JOB)
+def _with(path: str, value: Any, *, name: str | None = None, base: dict[str, Any] = BASE_JOB) -> dict[str, Any]:
+    """BASE_JOB (or `base`) with the value at a dotted path (`spec.training.epochs`) set."""
+    job = copy.deepcopy(base)
     *parents, leaf = path.split(".")
     node = job
     for part in parents:
@@ -27,6 +27,8 @@ def _with(path: str, value: Any, *, name: str | None = None) -> dict[str, Any]:
 
 
 _RULE = "spec.runPolicy.failurePolicy.rules[0]"
+_STORE = "spec.checkpoint.objectStore"
+_STORE_WITH_SECRET = _with(_STORE, {"url": "s3://bucket/p", "credentialsSecret": "s3-keys"})
 
 
 def _failure_rule(rule: dict[str, Any]) -> dict[str, Any]:
@@ -108,6 +110,22 @@ INVALID_JOBS: list[tuple[str, dict[str, Any], str]] = [
         "failure-exit-code-duplicate",
         _failure_rule({"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [1, 1]}}),
         f"{_RULE}.onExitCodes.values",
+    ),
+    ("object-store-url-not-s3", _with("spec.checkpoint.objectStore", {"url": "gs://bucket/p"}), _STORE + ".url"),
+    (
+        "object-store-credentials-secret-not-a-name",
+        _with("spec.checkpoint.objectStore", {"url": "s3://bucket/p", "credentialsSecret": "S3 Keys"}),
+        _STORE + ".credentialsSecret",
+    ),
+    (
+        "object-store-unknown-field",
+        _with("spec.checkpoint.objectStore", {"url": "s3://bucket/p", "secretName": "s3-keys"}),
+        _STORE + ".secretName",
+    ),
+    (
+        "object-store-credentials-reserved-by-secret",
+        _with("spec.env", [{"name": "AWS_SECRET_ACCESS_KEY", "value": "x"}], base=_STORE_WITH_SECRET),
+        "spec.env",
     ),
     ("name-too-long", _with("metadata.name", "j" * 54), "metadata.name"),
     ("name-starts-with-digit", _with("metadata.name", "1-job"), "metadata.name"),

@@ -62,6 +62,33 @@ def test_trainer_config_travels_through_the_env_value() -> None:
     assert parsed.checkpoint.every_steps == BASE_JOB["spec"]["checkpoint"]["everySteps"]
 
 
+STORE = {"url": "s3://bucket/runs/a", "endpoint": "http://minio:9000", "credentialsSecret": "s3-keys"}
+
+
+@pytest.mark.parametrize(
+    "volume", [None, {"persistentVolumeClaim": {"claimName": "staging"}}], ids=["no-volume", "volume"]
+)
+def test_the_trainer_gets_the_object_store_without_the_clusters_credentials(volume: dict | None) -> None:
+    checkpoint = {"everySteps": 10, "objectStore": STORE, **({"volume": volume} if volume else {})}
+    job = manifest.parse(valid_job(checkpoint=checkpoint))  # no volume needed: dir is the staging area
+    assert job.spec.checkpoint.object_store is not None
+    assert job.spec.checkpoint.object_store.credentials_secret == "s3-keys"
+    wire = job.spec.trainer_config().wire()["checkpoint"]
+    assert wire["objectStore"] == {"url": "s3://bucket/runs/a", "endpoint": "http://minio:9000"}
+    assert "volume" not in wire
+    assert "s3-keys" not in job.spec.trainer_config().to_env_value()
+
+
+def test_credentials_in_env_and_in_a_secret_are_refused_naming_both() -> None:
+    checkpoint = {"objectStore": STORE}
+    env = [{"name": "FOO", "value": "1"}, {"name": "AWS_ACCESS_KEY_ID", "value": "AKIA"}]
+    with pytest.raises(manifest.InvalidTrainingJob) as error:
+        manifest.parse(valid_job(checkpoint=checkpoint, env=env))
+    assert "spec.env[1].name: AWS_ACCESS_KEY_ID comes from checkpoint.objectStore.credentialsSecret" in str(error.value)
+    # Without the Secret the job's env may carry them (the pods' own credentials).
+    manifest.parse(valid_job(checkpoint={"objectStore": {"url": STORE["url"]}}, env=env))
+
+
 def test_fingerprint_ignores_logging_but_not_the_model() -> None:
     base = TrainConfig()
     chatty = TrainConfig.model_validate({"training": {"logEverySteps": 1}})

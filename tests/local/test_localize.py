@@ -13,6 +13,7 @@ from kubetrain.api.manifest import load
 from kubetrain.api.training import CONFIG_ENV, TrainConfig
 from kubetrain.local import plan as local
 from kubetrain.local.localize import SITE_DIR
+from kubetrain.local.view import header_lines
 from kubetrain.operator import render
 
 pytestmark = pytest.mark.unit
@@ -87,6 +88,38 @@ def test_field_refs_are_emulated_and_secrets_refused(tmp_path: Path) -> None:
     job["spec"]["env"] = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
     with pytest.raises(local.LocalRunError, match=r"spec\.env: TOKEN takes its value from secretKeyRef"):
         local.make_plan(write_job(tmp_path, job), run_dir=tmp_path)
+
+
+AWS = {
+    "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+    "AWS_SECRET_ACCESS_KEY": "secret",
+    "AWS_SESSION_TOKEN": "token",
+    "AWS_REGION": "eu-west-1",
+    "AWS_PROFILE": "training",
+    "AWS_SHARED_CREDENTIALS_FILE": "/home/me/.aws/credentials",
+    "AWS_CONFIG_FILE": "/home/me/.aws/config",
+}
+
+
+def test_the_credentials_secret_is_this_environments_credentials(tmp_path: Path) -> None:
+    store = {"url": "s3://bucket/runs/a", "credentialsSecret": "s3-keys"}
+    job = fake_job("pass", checkpoint={"dir": "/staging", "objectStore": store})
+    plan = local.make_plan(write_job(tmp_path, job), run_dir=tmp_path / "run")  # no Secret refused
+    pod = plan.pods(attempt=0)[0]
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} <= from_fields(pod)
+    node = plan.nodes(attempt=0, master_port=1)[0]
+    assert not any(name.startswith("AWS_") for name in node.env)
+    assert {name: node.full_env({**AWS, "PATH": "/usr/bin"})[name] for name in AWS} == AWS
+    assert not any(name.startswith("AWS_") for name in node.full_env({"PATH": "/usr/bin"})), "none where unset"
+    # checkpoint.dir stays the run's own: the staging area, and metrics.jsonl for the plot.
+    config = TrainConfig.model_validate_json(node.env[CONFIG_ENV])
+    assert config.checkpoint.dir == str((tmp_path / "run" / "checkpoints").resolve())
+    assert config.checkpoint.object_store is not None and config.checkpoint.object_store.url == store["url"]
+    # The rewrite table says so at start, for the jobs it concerns.
+    lines = header_lines(plan)
+    assert any("checkpoint.objectStore.credentialsSecret (a Secret) -> the AWS_* credentials" in x for x in lines)
+    other = local.make_plan(write_job(tmp_path, fake_job("pass")), run_dir=tmp_path / "other")
+    assert not any("credentialsSecret" in x for x in header_lines(other))
 
 
 @pytest.mark.parametrize(

@@ -131,6 +131,43 @@ def test_user_env_value_from_passes_through() -> None:
     assert env_of(render_pod(j, "ns", UID, 0, 0))["TOKEN"] == {"secretKeyRef": {"name": "s", "key": "k"}}
 
 
+def test_object_store_credentials_come_from_the_secret_by_reference_only() -> None:
+    store = {"url": "s3://bucket/runs/a", "credentialsSecret": "s3-keys"}
+    # The template's sidecar and init containers are not training containers: they get none.
+    template = {"spec": {"initContainers": [SIDECAR, {"name": "fetch", "image": "busybox"}]}}
+    pod = render_pod(job(checkpoint={"objectStore": store}, template=template), "ns", UID, 0, 0)
+    (trainer,) = pod["spec"]["containers"]
+    credentials = [e for e in trainer["env"] if e["name"].startswith("AWS_")]
+    assert credentials == [
+        {"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": "s3-keys", "key": "AWS_ACCESS_KEY_ID"}}},
+        {
+            "name": "AWS_SECRET_ACCESS_KEY",
+            "valueFrom": {"secretKeyRef": {"name": "s3-keys", "key": "AWS_SECRET_ACCESS_KEY"}},
+        },
+        {
+            "name": "AWS_SESSION_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "s3-keys", "key": "AWS_SESSION_TOKEN", "optional": True}},
+        },
+    ]
+    assert all("env" not in c for c in pod["spec"]["initContainers"])
+    # The trainer's configuration names the store but not the Secret; no volume is needed.
+    config = json.loads(env_of(pod)["KUBETRAIN_CONFIG"])
+    assert config["checkpoint"]["objectStore"] == {"url": "s3://bucket/runs/a"}
+    assert pod["spec"]["volumes"][0] == {"name": "checkpoints", "emptyDir": {}}, "the staging area"
+    # Without the Secret: the pods' own credentials (IRSA, workload identity), nothing rendered.
+    plain = render_pod(job(checkpoint={"objectStore": {"url": store["url"]}}), "ns", UID, 0, 0)
+    assert not any(name.startswith("AWS_") for name in env_of(plain))
+
+
+@pytest.mark.parametrize("name", ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"])
+def test_a_job_setting_a_credential_the_secret_gives_is_refused(name: str) -> None:
+    store = {"url": "s3://bucket/runs/a", "credentialsSecret": "s3-keys"}
+    with pytest.raises(
+        ValueError, match=rf"env\[0\]\.name: {name} comes from checkpoint\.objectStore\.credentialsSecret"
+    ):
+        job(checkpoint={"objectStore": store}, env=[{"name": name, "value": "x"}])
+
+
 @pytest.mark.parametrize("name", [*sorted(RESERVED_ENV), "KUBETRAIN_ANYTHING"])
 def test_reserved_env_never_reaches_a_pod(name: str) -> None:
     with pytest.raises(ValueError, match="reserved"):
