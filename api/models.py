@@ -694,6 +694,17 @@ class LastCheckpoint(StrictModel):
     )
 
 
+class CheckpointRefusal(StrictModel):
+    """A checkpoint the object store refused to commit (checkpoint.objectStore): its attempt is
+    stale, a newer one holds the store, so its commit could not overwrite the newer one's."""
+
+    attempt: int = Field(ge=0, description="The stale attempt that tried to commit it.")
+    current_attempt: int | None = Field(None, ge=0, description="The attempt that holds the object store.")
+    step: int = Field(ge=0, description="Optimizer step it holds.")
+    path: str = Field(max_length=1024, description="Object URL of the refused checkpoint.")
+    time: datetime | None = Field(None, description="When it was refused.")
+
+
 class Failure(StrictModel):
     """One failed attempt: what the gang restart was for."""
 
@@ -768,6 +779,13 @@ class TrainingJobStatus(StrictModel):
     completion_time: datetime | None = Field(None, description="When the job succeeded or failed.")
     progress: Progress | None = Field(None, description="Rank 0's latest metrics.")
     last_checkpoint: LastCheckpoint | None = Field(None, description="Newest complete checkpoint.")
+    last_checkpoint_refusal: CheckpointRefusal | None = Field(
+        None,
+        description=(
+            "The newest checkpoint the object store refused to commit, from a stale attempt; each new one is "
+            "also a CheckpointRefused Warning Event."
+        ),
+    )
     failures: list[Failure] | None = Field(
         None, max_length=MAX_FAILURES_KEPT, description=f"The last {MAX_FAILURES_KEPT} failed attempts."
     )

@@ -17,6 +17,11 @@ Besides the training records, three mark an attempt's start-up and end (see `fol
 * `launch` (each node's torchrun agent when it started its workers, trainer/agent.py);
 * `failure` (each node's torchrun agent once the gang stopped: the gang's first failure, with the
   node, process rank, exit code, reason and message the operator records in status.failures[]).
+
+`checkpoint_refused` (rank 0, checkpoint.objectStore) says the object store refused a commit: its
+`attempt` is stale and `current_attempt` holds the store. It is the job's record, not a mark, but
+it moves no progress (a stale attempt's step is not the job's): `fold_refusal` keeps the newest
+in status.lastCheckpointRefusal.
 """
 
 from __future__ import annotations
@@ -27,9 +32,22 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kubetrain.api.models import LastCheckpoint, Progress, Timeline
+from kubetrain.api.models import CheckpointRefusal, LastCheckpoint, Progress, Timeline
 
-EVENTS = ("start", "step", "eval", "checkpoint", "resume", "preflight", "done", "rendezvous", "launch", "failure")
+REFUSED = "checkpoint_refused"
+EVENTS = (
+    "start",
+    "step",
+    "eval",
+    "checkpoint",
+    "resume",
+    "preflight",
+    "done",
+    REFUSED,
+    "rendezvous",
+    "launch",
+    "failure",
+)
 # Records of an attempt's start-up and end: not training progress.
 MARKS = ("rendezvous", "launch", "failure")
 METRICS_FILE = "metrics.jsonl"
@@ -127,6 +145,38 @@ def fold_checkpoints(text: str, previous: LastCheckpoint | None) -> LastCheckpoi
     return checkpoint
 
 
+def _refusal(record: dict[str, Any]) -> CheckpointRefusal | None:
+    attempt, step, path = _count(record.get("attempt")), _count(record.get("step")), record.get("path")
+    if attempt is None or step is None or not isinstance(path, str) or not path:
+        return None
+    return CheckpointRefusal(
+        attempt=attempt,
+        current_attempt=_count(record.get("current_attempt")),
+        step=step,
+        path=path[:1024],
+        time=_time(record.get("time")),
+    )
+
+
+def _not_older(found: CheckpointRefusal, previous: CheckpointRefusal | None) -> bool:
+    """By time, then step (two refusals within one second: the later one is of a later step)."""
+    if previous is None or found.time is None or previous.time is None:
+        return True
+    return (found.time, found.step) >= (previous.time, previous.step)
+
+
+def fold_refusal(text: str, previous: CheckpointRefusal | None) -> CheckpointRefusal | None:
+    """The newest `checkpoint_refused` record of `text`, or `previous` when `text` has none newer:
+    a log read again, or an older refusal found later (an archived log), changes nothing."""
+    refusal = previous
+    for record in records_in(text):
+        if record["event"] != REFUSED or (found := _refusal(record)) is None:
+            continue
+        if _not_older(found, refusal):
+            refusal = found
+    return refusal
+
+
 def fold(
     text: str, previous: Progress | None = None, previous_checkpoint: LastCheckpoint | None = None
 ) -> tuple[Progress | None, LastCheckpoint | None]:
@@ -138,7 +188,7 @@ def fold(
     progress = previous.model_copy() if previous is not None else None
     checkpoint = previous_checkpoint
     for record in records_in(text):
-        if record["event"] in MARKS:
+        if record["event"] in (*MARKS, REFUSED):
             continue
         update: dict[str, Any] = {}
         for key, target in (("epoch", "epoch"), ("step", "step"), ("total_steps", "total_steps")):

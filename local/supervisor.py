@@ -39,7 +39,16 @@ from typing import IO, Any, Protocol
 
 from kubetrain.api.contract import free_port, stacks_after_seconds
 from kubetrain.api.models import TrainingJobStatus
-from kubetrain.api.records import AGENT_EVENTS, GangFailure, fold, fold_timeline, gang_failure, parse_record
+from kubetrain.api.records import (
+    AGENT_EVENTS,
+    REFUSED,
+    GangFailure,
+    fold,
+    fold_refusal,
+    fold_timeline,
+    gang_failure,
+    parse_record,
+)
 from kubetrain.local.plan import ATTEMPTS_SUBDIR, LocalPlan, NodeProcess, attempt_log
 from kubetrain.local.processes import ProcessTree, note_groups, stop, subreaper
 from kubetrain.local.result import RunResult
@@ -48,6 +57,7 @@ from kubetrain.operator.conditions import is_true
 from kubetrain.operator.decision import DEFAULT_POLICY, Decision, Policy
 from kubetrain.operator.forensics import RankStacks
 from kubetrain.operator.pods import PodView
+from kubetrain.operator.progress import refusal_event
 from kubetrain.operator.render import grace_seconds
 from kubetrain.operator.status import decide
 
@@ -431,9 +441,21 @@ class Supervisor:
             status.progress, status.last_checkpoint = fold(text, status.progress, status.last_checkpoint)
             status.timeline = fold_timeline(text, status.timeline)
             self._publish()
+        if record["event"] == REFUSED:  # a stale attempt's, so whichever attempt the node runs
+            self._refused(text)
         if record["event"] not in AGENT_EVENTS:
             self.result.observe(record, time.monotonic() - self._started)
             self.view.record(record)
+
+    def _refused(self, text: str) -> None:
+        """The object store refused a commit: as the operator records it (lastCheckpointRefusal)
+        and posts its Warning Event once, status.json holds it and a warning line shows it once."""
+        before = self.status.last_checkpoint_refusal
+        self.status.last_checkpoint_refusal = fold_refusal(text, before)
+        event = refusal_event(before, self.status.last_checkpoint_refusal)
+        if event is not None:
+            self.view.notice(f"{event.reason}: {event.message}")
+            self._publish(force=True)
 
     def _agent_record(self, node: _Node, record: dict[str, Any], text: str) -> None:
         """A node's torchrun agent started the workers of its attempt, or holds a failed gang:

@@ -16,6 +16,11 @@ not see that the work is saved, and the whole gang would run again. And with the
 restart, a pod that turns NotReady while its attempt runs holds a failed gang: its torchrun
 agent printed a `failure` record, which the controller reads from that pod's log
 (`held_suspect`) before deciding.
+
+A `checkpoint_refused` record (a stale attempt's commit to the object store, refused) becomes
+status.lastCheckpointRefusal wherever rank 0's records are folded, a current pod's log or an
+ended one's archived tail, and each new one a CheckpointRefused Warning Event (`refusal_events`:
+the stored status against the one written, so a log read again posts nothing twice).
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from kubetrain.api import records
-from kubetrain.api.models import TrainingJobStatus
+from kubetrain.api.models import CheckpointRefusal, TrainingJobStatus
 from kubetrain.api.records import GangFailure
+from kubetrain.operator.decision import Event
 from kubetrain.operator.failures import completed
 from kubetrain.operator.pods import PodView
 
@@ -105,17 +111,44 @@ def recheck(previous: TrainingJobStatus | None, decided: TrainingJobStatus) -> b
 
 
 def fold(status: TrainingJobStatus, text: str) -> TrainingJobStatus:
-    """`status` with the metrics records found in `text` folded into progress, lastCheckpoint
-    and the current attempt's timeline."""
+    """`status` with the metrics records found in `text` folded into progress, lastCheckpoint,
+    lastCheckpointRefusal and the current attempt's timeline."""
     progress, checkpoint = records.fold(text, status.progress, status.last_checkpoint)
     line = status.timeline
     if line is not None and line.attempt == status.attempt:
         line = records.fold_timeline(text, line)
-    return status.model_copy(update={"progress": progress, "last_checkpoint": checkpoint, "timeline": line})
+    refusal = records.fold_refusal(text, status.last_checkpoint_refusal)
+    update = {"progress": progress, "last_checkpoint": checkpoint, "timeline": line, "last_checkpoint_refusal": refusal}
+    return status.model_copy(update=update)
 
 
 def fold_checkpoints(status: TrainingJobStatus, text: str) -> TrainingJobStatus:
-    """`status` with only the checkpoint records of `text` folded into lastCheckpoint: `text` is
-    the archived log of an ended pod (operator/archive.py), whose progress is not the job's."""
+    """`status` with only the checkpoint records of `text` folded into lastCheckpoint and
+    lastCheckpointRefusal: `text` is the archived log of an ended pod (operator/archive.py), whose
+    progress is not the job's (a stale attempt's refused commit is most often found there)."""
     checkpoint = records.fold_checkpoints(text, status.last_checkpoint)
-    return status if checkpoint == status.last_checkpoint else status.model_copy(update={"last_checkpoint": checkpoint})
+    refusal = records.fold_refusal(text, status.last_checkpoint_refusal)
+    if (checkpoint, refusal) == (status.last_checkpoint, status.last_checkpoint_refusal):
+        return status
+    return status.model_copy(update={"last_checkpoint": checkpoint, "last_checkpoint_refusal": refusal})
+
+
+REFUSAL_EVENT = "CheckpointRefused"
+
+
+def refusal_event(previous: CheckpointRefusal | None, refusal: CheckpointRefusal | None) -> Event | None:
+    """The Warning Event of a refusal `previous` (the one stored, or shown) does not hold yet."""
+    if refusal is None or refusal == previous:
+        return None
+    holder = "a newer attempt" if refusal.current_attempt is None else f"attempt {refusal.current_attempt}"
+    message = (
+        f"attempt {refusal.attempt}'s checkpoint of step {refusal.step} ({refusal.path}) was refused: "
+        f"{holder} holds the object store, and a stale attempt's commit never overwrites it"
+    )
+    return Event("Warning", REFUSAL_EVENT, message)
+
+
+def refusal_events(previous: TrainingJobStatus, status: TrainingJobStatus) -> list[Event]:
+    """What the controller posts beside writing `status` over the stored `previous`."""
+    event = refusal_event(previous.last_checkpoint_refusal, status.last_checkpoint_refusal)
+    return [] if event is None else [event]

@@ -87,3 +87,28 @@ def test_a_failed_run_has_the_cluster_status_and_names_the_failing_node(tmp_path
     assert log.read_text().count("bad config") == 1
     assert (tmp_path / "run" / "attempts" / "0" / "node-1.log").read_text().count("bad config") == 1
     assert (tmp_path / "run" / "node-1.log").read_text().count("bad config") == 2
+
+
+def test_a_refused_checkpoint_is_one_warning_line_and_in_status_json(tmp_path: Path) -> None:
+    """As the operator posts one CheckpointRefused Event: the holder's rank 0 may report the same
+    refusal again (a resumed holder), the run shows it once."""
+    refused = {
+        "event": "checkpoint_refused",
+        "time": 1_800_000_005,
+        "step": 40,
+        "epoch": 0,
+        "path": "s3://bucket/runs/a/step-40",
+        "attempt": 0,
+        "current_attempt": 1,
+    }
+    lines = "\n".join([json.dumps(RECORDS[1]), json.dumps(refused), json.dumps(refused)])
+    script = f"import os\nif os.environ['NODE_RANK'] == '0':\n    print({lines!r}, flush=True)"
+    done, status = run(fake_job(script), tmp_path)
+    assert done.returncode == 0, done.stdout
+    warning = (
+        "[kubetrain] CheckpointRefused: attempt 0's checkpoint of step 40 (s3://bucket/runs/a/step-40) was "
+        "refused: attempt 1 holds the object store, and a stale attempt's commit never overwrites it"
+    )
+    assert done.stdout.count("CheckpointRefused") == 1 and warning in done.stdout.splitlines(), done.stdout
+    assert status.last_checkpoint_refusal is not None and status.last_checkpoint_refusal.step == 40
+    assert status.progress is not None and status.progress.step == 5, "the refusal moved no progress"

@@ -377,6 +377,33 @@ def test_a_crash_at_teardown_after_done_is_read_before_restarting(monkeypatch: p
     assert finished("CompletedBeforeFailure") == before + 1
 
 
+def test_a_refused_checkpoint_is_one_warning_event_however_often_rank_0s_log_is_read() -> None:
+    """The holder's rank 0 reports a stale attempt's refused commit once; the operator reads that
+    log every progress interval and posts the Event only with the status that first holds it."""
+    controller, kube = make(checkpoint={"objectStore": {"url": "s3://bucket/runs/a"}})
+    controller.jobs[KEY].body["status"] = {"attempt": 0, "replicas": {"active": 2, "ready": 2}}
+    controller.pods = {KEY: [running(controller, 0), running(controller, 1)]}
+    controller.services = {KEY: ["j"]}
+    refusal = record("checkpoint_refused", step=40, path="s3://bucket/runs/a/step-40", attempt=0, current_attempt=1)
+
+    async def logs(namespace: str, name: str) -> str:
+        return "\n".join([record("step", step=50), refusal])
+
+    controller.logs.source = logs
+    for _ in range(3):
+        controller.jobs[KEY].reads.progress_at = None  # the interval passed: read again
+        reconcile(controller)
+    assert kube.events.count(("Warning", "CheckpointRefused")) == 1, kube.events
+    assert kube.statuses[-1]["lastCheckpointRefusal"] == {
+        "attempt": 0,
+        "currentAttempt": 1,
+        "step": 40,
+        "path": "s3://bucket/runs/a/step-40",
+        "time": "2027-01-15T08:00:00Z",
+    }
+    assert kube.statuses[-1]["progress"]["step"] == 50, "the refusal's step is not the job's progress"
+
+
 def test_a_fail_job_rule_is_counted_as_finished_by_its_reason() -> None:
     rule = {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}}
     controller, kube = make(runPolicy={"maxRestarts": 3, "failurePolicy": {"rules": [rule]}})

@@ -183,3 +183,36 @@ def test_a_pod_that_turns_not_ready_during_its_attempt_is_read_for_a_held_failur
     held = GangFailure(1, 2, 2, 137, "Error", "x", T0)
     attached = holding(moved, held)
     assert [p.held for p in attached] == [None, None, held]
+
+
+# --- a stale attempt's commit the object store refused (checkpoint_refused) -------------------
+
+
+def refused(at: float, step: int, attempt: int = 1, **fields: Any) -> str:
+    path = f"s3://bucket/runs/a/step-{step}"
+    return mark("checkpoint_refused", at, step=step, epoch=0, path=path, attempt=attempt, current_attempt=2, **fields)
+
+
+def test_a_refused_commit_is_remembered_newest_first_and_moves_no_progress() -> None:
+    from kubetrain.api.models import CheckpointRefusal
+    from kubetrain.api.records import fold_refusal
+
+    before, checkpoint = parse(line("step", step=60, loss=1.0))
+    after, same = parse(refused(T, 40), before, checkpoint)
+    assert (after, same) == (before, checkpoint), "a stale attempt's step is not the job's progress"
+    first = fold_refusal("a log line\n" + refused(T, 40), None)
+    assert first == CheckpointRefusal(
+        attempt=1,
+        current_attempt=2,
+        step=40,
+        path="s3://bucket/runs/a/step-40",
+        time=datetime(2023, 11, 14, 22, 15, tzinfo=UTC),
+    )
+    assert fold_refusal(refused(T, 40), first) == first, "the same record read again"
+    newer = fold_refusal("\n".join([refused(T, 40), refused(T + 5, 50)]), first)
+    assert newer is not None and newer.step == 50
+    # An older refusal found later (an archived log) does not replace the newer one.
+    assert fold_refusal(refused(T, 40), newer) == newer
+    # A record without the attempt or the path names nothing: ignored.
+    assert fold_refusal(mark("checkpoint_refused", T, step=40, attempt=1), None) is None
+    assert fold_refusal(mark("checkpoint_refused", T, step=40, path="s3://b/x"), None) is None

@@ -95,6 +95,37 @@ def test_fold_keeps_what_a_record_does_not_carry() -> None:
     assert again.progress is not None and (again.progress.loss, again.progress.accuracy) == (0.05, 0.5)
 
 
+REFUSED = json.dumps(
+    {
+        "event": "checkpoint_refused",
+        "time": 1.7e9,
+        "step": 40,
+        "epoch": 0,
+        "path": "s3://bucket/runs/a/step-40",
+        "attempt": 1,
+        "current_attempt": 2,
+    }
+)
+
+
+@pytest.mark.parametrize("fold", [progress.fold, progress.fold_checkpoints], ids=["rank-0-log", "archived-log"])
+def test_a_refusal_is_one_warning_event_however_often_its_log_is_read(fold: Any) -> None:
+    stored = TrainingJobStatus(phase="Running", attempt=2)
+    assert progress.refusal_events(stored, fold(stored, LOG)) == []
+    folded = fold(stored, LOG + "\n" + REFUSED)
+    refusal = folded.last_checkpoint_refusal
+    assert refusal is not None and (refusal.attempt, refusal.current_attempt, refusal.step) == (1, 2, 40)
+    (event,) = progress.refusal_events(stored, folded)
+    assert (event.type, event.reason) == ("Warning", "CheckpointRefused")
+    assert event.message == (
+        "attempt 1's checkpoint of step 40 (s3://bucket/runs/a/step-40) was refused: attempt 2 holds the "
+        "object store, and a stale attempt's commit never overwrites it"
+    )
+    # The status written holds it: the same log read again is no news.
+    assert progress.refusal_events(folded, fold(folded, LOG + "\n" + REFUSED)) == []
+    assert folded.wire()["lastCheckpointRefusal"]["currentAttempt"] == 2
+
+
 def read_twice(source: Any) -> tuple[Decision, list[str]]:
     calls: list[str] = []
 
