@@ -57,6 +57,9 @@ FAULT_ENV = "KUBETRAIN_FAULT"
 # the port the torchrun agent listens on while its workers run (the pod's readiness probe). The
 # agent gives its workers the attempt they run as ATTEMPT_ENV.
 ATTEMPT_ENV = "KUBETRAIN_ATTEMPT"
+# Who writes a checkpoint store's commits (trainer/objectstore.py): the TrainingJob's UID, a local
+# run's id. With the attempt it fences the commits of a stale attempt.
+JOB_UID_ENV = "KUBETRAIN_JOB_UID"
 ATTEMPT_FILE_ENV = "KUBETRAIN_ATTEMPT_FILE"
 AGENT_PORT_ENV = "KUBETRAIN_AGENT_PORT"
 # The operator also orders the next attempt directly, over the pod network, to the agent port

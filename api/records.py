@@ -19,7 +19,7 @@ Besides the training records, three mark an attempt's start-up and end (see `fol
   node, process rank, exit code, reason and message the operator records in status.failures[]).
 
 `checkpoint_refused` (rank 0, checkpoint.objectStore) says the object store refused a commit: its
-`attempt` is stale and `current_attempt` holds the store. It is the job's record, not a mark, but
+`refused_attempt` is stale and `current_attempt` holds the store. It is the job's record, not a mark, but
 it moves no progress (a stale attempt's step is not the job's): `fold_refusal` keeps the newest
 in status.lastCheckpointRefusal.
 """
@@ -146,7 +146,9 @@ def fold_checkpoints(text: str, previous: LastCheckpoint | None) -> LastCheckpoi
 
 
 def _refusal(record: dict[str, Any]) -> CheckpointRefusal | None:
-    attempt, step, path = _count(record.get("attempt")), _count(record.get("step")), record.get("path")
+    # `attempt` of every record is the attempt that logged it (the holder's rank 0 reports the
+    # refusals it finds); the stale attempt is `refused_attempt`.
+    attempt, step, path = _count(record.get("refused_attempt")), _count(record.get("step")), record.get("path")
     if attempt is None or step is None or not isinstance(path, str) or not path:
         return None
     return CheckpointRefusal(

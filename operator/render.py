@@ -21,6 +21,7 @@ from kubetrain.api.contract import (
     CHECKPOINT_DIR_ENV,
     DEFAULT_COMMAND,
     DEFAULT_GRACE_SECONDS,
+    JOB_UID_ENV,
     OBJECT_STORE_CREDENTIALS,
     OPTIONAL_CREDENTIALS,
     POD_IP_ENV,
@@ -211,7 +212,7 @@ def _credentials_env(job: TrainingJob) -> list[dict[str, Any]]:
 
 
 def _env(
-    job: TrainingJob, namespace: str, node_rank: int, settings: RenderSettings, attempt: int = 0
+    job: TrainingJob, namespace: str, uid: str, node_rank: int, settings: RenderSettings, attempt: int = 0
 ) -> list[dict[str, Any]]:
     spec = job.spec
     contract = rendezvous_env(
@@ -231,6 +232,9 @@ def _env(
     env.append({"name": CONFIG_ENV, "value": spec.trainer_config().to_env_value()})
     env.append({"name": CHECKPOINT_DIR_ENV, "value": spec.checkpoint.dir})
     env.extend(_credentials_env(job))
+    if spec.checkpoint.object_store is not None:
+        # Whose commits the store takes: with the attempt, it fences a stale attempt's (trainer/objectstore.py).
+        env.append({"name": JOB_UID_ENV, "value": uid})
     env.extend(_attempt_env(job, attempt))
     for var in spec.env or []:
         # The models reject these already; a renderer bug must not let one through.
@@ -294,7 +298,7 @@ def render_pod(
         "image": spec.image or settings.default_image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": list(spec.command) if spec.command else list(DEFAULT_COMMAND),
-        "env": _env(job, namespace, node_rank, settings, attempt),
+        "env": _env(job, namespace, uid, node_rank, settings, attempt),
         "ports": [{"name": naming.MASTER_PORT_NAME, "containerPort": spec.master_port, "protocol": "TCP"}],
         "volumeMounts": [
             {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.dir},

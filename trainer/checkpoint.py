@@ -427,9 +427,9 @@ class Checkpointer:
             dist.scatter_object_list(mine, ranks, src=0)
         set_rng_state(mine[0], self.generators)
         restored: dict[str, Any] = state[0]
-        where = message[1] if self.object_store is not None else Path(message[1])
-        self.last_step, self._last_time = _step_of_where(where), time.monotonic()
-        return where, restored
+        loaded: Path | str = message[1] if self.object_store is not None else Path(message[1])
+        self.last_step, self._last_time = _step_of_where(loaded), time.monotonic()
+        return loaded, restored
 
 
 def _step_of_where(where: Path | str) -> int:

@@ -44,10 +44,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubetrain.api.contract import ATTEMPT_ENV, JOB_UID_ENV
 from kubetrain.api.training import ObjectStoreConfig
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, RetryConfig
 
 STATE_FILE = "state.pt"
 LOG_PREFIX = "log/"
@@ -55,8 +58,8 @@ REFUSED_PREFIX = "refused/"
 SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 # A few quick retries, then the error: a store that is down must not hold a save (or the
 # start of an attempt) for minutes. obstore retries 5xx, connection errors and timeouts.
-RETRY = {"max_retries": 3, "retry_timeout": datetime.timedelta(seconds=20)}
-CLIENT = {"connect_timeout": datetime.timedelta(seconds=5), "timeout": datetime.timedelta(seconds=600)}
+RETRY_TRIES, RETRY_WITHIN = 3, datetime.timedelta(seconds=20)
+CONNECT_TIMEOUT, REQUEST_TIMEOUT = datetime.timedelta(seconds=5), datetime.timedelta(seconds=600)
 
 
 class StoreError(RuntimeError):
@@ -157,9 +160,10 @@ class ObjectStore:
         self.job = job
         self.attempt = attempt
         self.bucket, self.prefix = split_url(config.url)
-        options: dict[str, Any] = dict(CLIENT)
+        options: ClientConfig = {"connect_timeout": CONNECT_TIMEOUT, "timeout": REQUEST_TIMEOUT}
         if config.endpoint and config.endpoint.startswith("http://"):
             options["allow_http"] = True
+        retry: RetryConfig = {"max_retries": RETRY_TRIES, "retry_timeout": RETRY_WITHIN}
         kwargs: dict[str, Any] = {}
         if config.endpoint:
             kwargs["endpoint"] = config.endpoint
@@ -169,7 +173,7 @@ class ObjectStore:
             prefix=self.prefix or None,
             region=region,
             client_options=options,
-            retry_config=RETRY,
+            retry_config=retry,
             **kwargs,
         )
         self._entries: dict[int, Entry] = {}  # the log as far as read

@@ -98,7 +98,8 @@ def test_a_refused_checkpoint_is_one_warning_line_and_in_status_json(tmp_path: P
         "step": 40,
         "epoch": 0,
         "path": "s3://bucket/runs/a/step-40",
-        "attempt": 0,
+        "attempt": 1,
+        "refused_attempt": 0,
         "current_attempt": 1,
     }
     lines = "\n".join([json.dumps(RECORDS[1]), json.dumps(refused), json.dumps(refused)])

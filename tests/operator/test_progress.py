@@ -190,7 +190,7 @@ def test_a_pod_that_turns_not_ready_during_its_attempt_is_read_for_a_held_failur
 
 def refused(at: float, step: int, attempt: int = 1, **fields: Any) -> str:
     path = f"s3://bucket/runs/a/step-{step}"
-    return mark("checkpoint_refused", at, step=step, epoch=0, path=path, attempt=attempt, current_attempt=2, **fields)
+    return mark("checkpoint_refused", at, step=step, epoch=0, path=path, refused_attempt=attempt, current_attempt=2, **fields)
 
 
 def test_a_refused_commit_is_remembered_newest_first_and_moves_no_progress() -> None:
@@ -214,5 +214,5 @@ def test_a_refused_commit_is_remembered_newest_first_and_moves_no_progress() -> 
     # An older refusal found later (an archived log) does not replace the newer one.
     assert fold_refusal(refused(T, 40), newer) == newer
     # A record without the attempt or the path names nothing: ignored.
-    assert fold_refusal(mark("checkpoint_refused", T, step=40, attempt=1), None) is None
+    assert fold_refusal(mark("checkpoint_refused", T, step=40, refused_attempt=1), None) is None
     assert fold_refusal(mark("checkpoint_refused", T, step=40, path="s3://b/x"), None) is None

@@ -102,7 +102,8 @@ REFUSED = json.dumps(
         "step": 40,
         "epoch": 0,
         "path": "s3://bucket/runs/a/step-40",
-        "attempt": 1,
+        "attempt": 2,
+        "refused_attempt": 1,
         "current_attempt": 2,
     }
 )
