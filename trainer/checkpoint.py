@@ -381,6 +381,8 @@ class Checkpointer:
             return str(path), payload, meta
         from kubetrain.trainer.objectstore import STATE_FILE as OBJECT_STATE_FILE
 
+        # What a killed attempt staged never counts (its commit is missing): its disk is freed.
+        shutil.rmtree(self.directory / STAGING_SUBDIR, ignore_errors=True)
         self._store.register()  # this attempt holds the store from here on: a stale one's commits are refused
         self._report_refusals()
         entry = self._store.latest()
