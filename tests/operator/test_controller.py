@@ -384,7 +384,9 @@ def test_a_refused_checkpoint_is_one_warning_event_however_often_rank_0s_log_is_
     controller.jobs[KEY].body["status"] = {"attempt": 0, "replicas": {"active": 2, "ready": 2}}
     controller.pods = {KEY: [running(controller, 0), running(controller, 1)]}
     controller.services = {KEY: ["j"]}
-    refusal = record("checkpoint_refused", step=40, path="s3://bucket/runs/a/step-40", refused_attempt=0, current_attempt=1)
+    refusal = record(
+        "checkpoint_refused", step=40, path="s3://bucket/runs/a/step-40", refused_attempt=0, current_attempt=1
+    )
 
     async def logs(namespace: str, name: str) -> str:
         return "\n".join([record("step", step=50), refusal])

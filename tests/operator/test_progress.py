@@ -190,7 +190,9 @@ def test_a_pod_that_turns_not_ready_during_its_attempt_is_read_for_a_held_failur
 
 def refused(at: float, step: int, attempt: int = 1, **fields: Any) -> str:
     path = f"s3://bucket/runs/a/step-{step}"
-    return mark("checkpoint_refused", at, step=step, epoch=0, path=path, refused_attempt=attempt, current_attempt=2, **fields)
+    return mark(
+        "checkpoint_refused", at, step=step, epoch=0, path=path, refused_attempt=attempt, current_attempt=2, **fields
+    )
 
 
 def test_a_refused_commit_is_remembered_newest_first_and_moves_no_progress() -> None:
