@@ -39,9 +39,10 @@ PYTHONPATH = "PYTHONPATH"
 # A sitecustomize that loads kubetrain.trainer.torchrun_hooks: what the trainer image's .pth does.
 SITE_DIR = Path(__file__).resolve().parent / "site"
 SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-# What an object store's client reads besides the credentials themselves: the nodes inherit them
-# from the environment `kubetrain run` was started in, as they inherit everything not reserved.
-AWS_SETTINGS = ("AWS_REGION", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
+# What the trainer's object-store client (obstore) reads besides the credentials themselves (it reads
+# variables, not ~/.aws profiles): the nodes inherit it from the environment `kubetrain run` was
+# started in, as they inherit everything not reserved.
+AWS_SETTINGS = ("AWS_REGION",)
 CREDENTIALS_FIELD = "checkpoint.objectStore.credentialsSecret"
 
 # The whole difference between a node's pod on a cluster and its process here.

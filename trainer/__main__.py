@@ -84,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except (kdist.ContractError, CheckpointError, PreflightError) as exc:
         log.error("%s", exc)
+        record_error(exc)  # the failure's message in status: "cannot load ... checkpoint store s3://..."
         if rank == 0 and args.command == "preflight":
             # The operator reads the verdict from stdout like any other record.
             MetricsLogger(0, None).emit("preflight", step=0, epoch=0, ok=False, error=str(exc))
