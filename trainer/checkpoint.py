@@ -308,17 +308,22 @@ class Checkpointer:
             prune(self.directory, self.keep)
             self._record("checkpoint", step=step, epoch=epoch, path=str(path), reason=reason)
             return path
-        self._uploader.wait(raise_failures=False)  # one upload at a time: the stall when saves outrun uploads
+        from kubetrain.trainer.objectstore import StoreError
+
+        try:
+            self._uploader.wait(raise_failures=False)  # one upload at a time: the stall when saves outrun uploads
+        except StoreError as exc:  # a refused commit: this attempt is stale and must stop
+            raise CheckpointError(str(exc)) from exc
         staged = write_checkpoint(self.directory / STAGING_SUBDIR, step, payload, meta, durable=False)
         store = self._store
 
-        def committed(entry: Entry) -> None:
+        def committed(entry: Entry) -> None:  # on the upload's thread
             self._record("checkpoint", step=step, epoch=epoch, path=store.url(store.payload_dir(step)), reason=reason)
+            self._report_refusals()
 
         self._uploader.start(step, staged, full_meta(step, meta), committed)
         if wait or (wait is None and reason in ("signal", "final")):
             self.wait()
-        self._report_refusals()
         return store.url(store.payload_dir(step))
 
     def wait(self) -> None:
