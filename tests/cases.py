@@ -113,6 +113,16 @@ INVALID_JOBS: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("object-store-url-not-s3", _with("spec.checkpoint.objectStore", {"url": "gs://bucket/p"}), _STORE + ".url"),
     (
+        "object-store-bucket-name-invalid",
+        _with("spec.checkpoint.objectStore", {"url": "s3://My_Bucket/p"}),
+        _STORE + ".url",
+    ),
+    (
+        "object-store-endpoint-without-scheme",
+        _with("spec.checkpoint.objectStore", {"url": "s3://bucket/p", "endpoint": "minio.storage:9000"}),
+        _STORE + ".endpoint",
+    ),
+    (
         "object-store-credentials-secret-not-a-name",
         _with("spec.checkpoint.objectStore", {"url": "s3://bucket/p", "credentialsSecret": "S3 Keys"}),
         _STORE + ".credentialsSecret",

@@ -92,6 +92,15 @@ def test_trainer_overhead_benchmark_runs(tmp_path: Path) -> None:
     assert result["checkpoint"]["save_ms_median"] > 0 and result["checkpoint"]["bytes"] > 0
 
 
+def test_checkpoint_upload_benchmark_runs(tmp_path: Path) -> None:
+    tiny = ("--models", "digits", "--saves", "2", "--steps-between", "2")
+    result = run_benchmark("checkpoint_upload.py", tmp_path / "upload.json", *tiny)
+    digits = result["models"]["digits"]
+    assert digits["saves_per_arm"] == 2 and digits["checkpoint_bytes"] > 0
+    assert all(len(digits[arm]["stalls_s"]) == 2 for arm in ("volume", "sync", "background"))
+    assert result["targets"]["100m_background_stall_at_most_half_the_sync_stall"] is None  # not measured
+
+
 @pytest.mark.slow
 def test_teardown_stress_benchmark_runs(tmp_path: Path) -> None:
     # One run of the built-in trainer, a plain script and the smallest third-party one (Kubeflow's
