@@ -314,14 +314,20 @@ class Checkpointer:
             self._uploader.wait(raise_failures=False)  # one upload at a time: the stall when saves outrun uploads
         except StoreError as exc:  # a refused commit: this attempt is stale and must stop
             raise CheckpointError(str(exc)) from exc
-        staged = write_checkpoint(self.directory / STAGING_SUBDIR, step, payload, meta, durable=False)
+        # The stall: a copy of every tensor (training changes them from the next step on); the
+        # serialisation into the staging dir, the upload and the commit run on the upload's thread.
+        snapshot = _snapshot(payload)
+        staging = self.directory / STAGING_SUBDIR
         store = self._store
 
         def committed(entry: Entry) -> None:  # on the upload's thread
             self._record("checkpoint", step=step, epoch=epoch, path=store.url(store.payload_dir(step)), reason=reason)
             self._report_refusals()
 
-        self._uploader.start(step, staged, full_meta(step, meta), committed)
+        def stage() -> Path:
+            return write_checkpoint(staging, step, snapshot, meta, durable=False)
+
+        self._uploader.start(step, stage, full_meta(step, meta), committed)
         if wait or (wait is None and reason in ("signal", "final")):
             self.wait()
         return store.url(store.payload_dir(step))
@@ -437,6 +443,20 @@ class Checkpointer:
         loaded: Path | str = message[1] if self.object_store is not None else Path(message[1])
         self.last_step, self._last_time = _step_of_where(loaded), time.monotonic()
         return loaded, restored
+
+
+def _snapshot(value: Any) -> Any:
+    """`value` with every tensor copied to the CPU (GPU tensors: a device-to-host copy); the rest
+    (numbers, strings, Python RNG state) is immutable or rebuilt by each state_dict() call."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: _snapshot(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_snapshot(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_snapshot(item) for item in value)
+    return value
 
 
 def _step_of_where(where: Path | str) -> int:

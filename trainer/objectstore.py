@@ -399,7 +399,7 @@ def job_identity() -> tuple[str, int]:
 class Uploader:
     """One background upload at a time: stage -> upload -> commit -> prune, off the training thread.
 
-    `start` waits for the previous upload first (the only stall besides the local write), `wait`
+    `start` waits for the previous upload first (the only stall besides the snapshot), `wait`
     blocks until the last one is committed. A failed upload is logged and training goes on (the
     next save tries again); a refused commit is raised at the next `start`/`wait`: a stale attempt
     must stop.
@@ -413,15 +413,23 @@ class Uploader:
         self._error: BaseException | None = None
         self.committed: list[Entry] = []
 
-    def start(self, step: int, staged: Path, meta: dict[str, Any], on_commit: Callable[[Entry], None]) -> None:
+    def start(
+        self, step: int, stage: Callable[[], Path], meta: dict[str, Any], on_commit: Callable[[Entry], None]
+    ) -> None:
+        """Run `stage` (it writes the checkpoint's folder and returns it), upload, commit and prune
+        on a thread of their own, once the previous upload is done."""
         self.wait(raise_failures=False)
         self._thread = threading.Thread(
-            target=self._run, args=(step, staged, meta, on_commit), name=f"kubetrain-upload-{step}", daemon=True
+            target=self._run, args=(step, stage, meta, on_commit), name=f"kubetrain-upload-{step}", daemon=True
         )
         self._thread.start()
 
-    def _run(self, step: int, staged: Path, meta: dict[str, Any], on_commit: Callable[[Entry], None]) -> None:
+    def _run(
+        self, step: int, stage: Callable[[], Path], meta: dict[str, Any], on_commit: Callable[[Entry], None]
+    ) -> None:
+        staged: Path | None = None
         try:
+            staged = stage()
             key, size, sha256 = self.store.upload(step, staged / STATE_FILE)
             entry = self.store.commit(step, key, size, sha256, meta)
             self.committed.append(entry)
@@ -430,7 +438,8 @@ class Uploader:
         except BaseException as exc:  # surfaced by wait()
             self._error = exc
         finally:
-            _remove_tree(staged)
+            if staged is not None:
+                _remove_tree(staged)
 
     def wait(self, *, raise_failures: bool = True) -> None:
         """Until the upload in flight is done. A refused commit always raises; another failure

@@ -165,7 +165,6 @@ KILLED_SAVER = textwrap.dedent(
     ckpt.load()
     ckpt.save(1, {"step": 1, "w": torch.ones(10)}, wait=True)
     ckpt.save(2, {"step": 2, "w": torch.randn(50_000_000)})
-    Path(staging, "staged").write_text("")
     time.sleep(600)
     """
 )
@@ -178,8 +177,9 @@ def test_a_kill_during_an_upload_resumes_the_previous_commit(tmp_path: Path, s3_
     args = [sys.executable, "-c", KILLED_SAVER, s3_bucket.url, s3_bucket.server.endpoint, str(staging), where]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        marker = staging / ("staged" if where == "mid-upload" else "uploaded")
-        wait_for(marker.exists, 120, f"the saver {where}", proc=proc)
+        # Mid-upload: step 2 is staged (its meta.json is written last), its upload just started.
+        marker = staging / ".staging" / "step-2" / "meta.json" if where == "mid-upload" else staging / "uploaded"
+        wait_for(marker.exists, 120, f"the saver {where}", proc=proc, interval=0.02)
         if where == "mid-upload":
             time.sleep(0.2)  # 200 MB take seconds to upload here
     finally:
