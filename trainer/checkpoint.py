@@ -14,11 +14,12 @@ On resume rank 0 reads the newest complete checkpoint and broadcasts it; each ra
 own RNG states scattered back. So only node 0 needs the volume, and NFS attribute caching
 on other nodes cannot make a rank see an older checkpoint than rank 0.
 
-With `object_store` (checkpoint.objectStore) `<dir>` only stages: rank 0 writes `step-N/` into
-`<dir>/.staging/` (no fsync: the upload is what makes it durable) and returns to training while a
-background thread uploads it and appends its commit (kubetrain.trainer.objectstore). Resume
-reads the newest commit. The stall per save is the local write, plus the wait for the previous
-upload when saves come faster than uploads.
+With `object_store` (checkpoint.objectStore) `<dir>` only stages: rank 0 copies every tensor of
+the checkpoint in memory and returns to training, while a background thread writes `step-N/`
+into `<dir>/.staging/` (no fsync: the upload is what makes it durable), uploads it and appends its
+commit (kubetrain.trainer.objectstore). Resume reads the newest commit. The stall per save is
+the copy, plus the wait for the previous upload when saves come faster than uploads; the
+copy costs host memory of one checkpoint while its upload runs.
 """
 
 from __future__ import annotations
