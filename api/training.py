@@ -127,7 +127,10 @@ class ObjectStoreConfig(StrictModel):
         description="Endpoint of an S3-compatible server (http(s)://host:port). Omitted: AWS S3.",
     )
     region: str | None = Field(
-        None, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$", description="The bucket's region. Omitted: us-east-1."
+        None,
+        max_length=64,
+        pattern=r"^[a-z0-9][a-z0-9-]*$",
+        description="The bucket's region. Omitted: the pod's AWS_REGION, else us-east-1.",
     )
 
 
