@@ -356,7 +356,7 @@ def start(
     )
     runtime = [f"--runtime-config={','.join(runtime_config)}"] if runtime_config else []
     cp.timings["certs"] = time.monotonic() - t0
-    try:
+    with cp.starting("control plane"):
         cp._spawn(
             "etcd",
             [
@@ -436,12 +436,6 @@ def start(
             cp._spawn("kube-scheduler", _scheduler_argv(cp, free_port(), gates))
         cp._wait("kube-controller-manager (the default ServiceAccount)", _default_service_account(cp), timeout)
         cp.timings["ready"] = time.monotonic() - t0
-    except BaseException as exc:
-        detail = cp.describe_failure()
-        cp.stop()
-        if isinstance(exc, Exception):
-            raise RuntimeError(f"control plane failed to start: {exc}\n{detail}") from exc
-        raise
     return cp
 
 

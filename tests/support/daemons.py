@@ -10,7 +10,7 @@ import ctypes
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +53,25 @@ class Daemons:
             )
         self.processes[name] = proc
         return proc
+
+    def describe_failure(self, tail_lines: int = 25) -> str:
+        """Why a start failed: the subclass's account (its logs' tails, its state)."""
+        return "\n".join(self.log_tails(tail_lines))
+
+    def stop(self, grace: float = 10) -> None:
+        self._stop_all(grace)
+
+    @contextlib.contextmanager
+    def starting(self, what: str) -> Iterator[None]:
+        """A start: if the block fails, stop what it started and raise with describe_failure()."""
+        try:
+            yield
+        except BaseException as exc:
+            detail = self.describe_failure()
+            self.stop()
+            if isinstance(exc, Exception):
+                raise RuntimeError(f"{what} failed to start: {exc}\n{detail}") from exc
+            raise
 
     def _check_alive(self) -> None:
         for name, proc in self.processes.items():

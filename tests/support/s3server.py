@@ -103,7 +103,7 @@ class S3Server(Daemons):
         """Start it and return once S3 answers and the volume server has registered; on a
         failure stop it and raise with its log's tail."""
         t0 = time.monotonic()
-        try:
+        with self.starting("SeaweedFS"):
             for sub in ("logs", "data", "filer"):
                 (self.workdir / sub).mkdir()
             for name, text in CONFIG_FILES.items():
@@ -112,12 +112,6 @@ class S3Server(Daemons):
             self._spawn("weed", _argv(self))
             self._wait(f"S3 at {self.endpoint} and a volume server", lambda: _ready(self), self.timeout)
             self.timings["ready"] = time.monotonic() - t0
-        except BaseException as exc:
-            detail = self.describe_failure()
-            self.stop()
-            if isinstance(exc, Exception):
-                raise RuntimeError(f"SeaweedFS failed to start: {exc}\n{detail}") from exc
-            raise
         return self
 
     @property
