@@ -177,6 +177,8 @@ class ObjectStore:
             **kwargs,
         )
         self._entries: dict[int, Entry] = {}  # the log as far as read
+        self._newest_seq = -1  # of any entry seen, ours or not: the next one is after it
+        self.registered = False  # this attempt appended (or found) its `attempt` entry
 
     # -- names ---------------------------------------------------------------------------
     def url(self, key: str = "") -> str:
@@ -204,6 +206,7 @@ class ObjectStore:
                 seq = _seq_of(path)
                 if seq is None or seq in self._entries:
                     continue
+                self._newest_seq = max(self._newest_seq, seq)
                 entry = Entry.parse(seq, obstore.get(self.store, path).bytes().to_bytes())
                 if entry is not None:
                     self._entries[seq] = entry
@@ -219,7 +222,7 @@ class ObjectStore:
 
         for _ in range(100):
             entries = self.read_log()
-            seq = max(self._entries, default=-1) + 1
+            seq = self._newest_seq + 1
             entry = make(seq, entries)
             try:
                 obstore.put(self.store, f"{LOG_PREFIX}{seq:012d}.json", entry.body(), mode="create")
@@ -228,6 +231,7 @@ class ObjectStore:
             except Exception as exc:
                 raise self._fail(f"writing log entry {seq}", exc) from exc
             self._entries[seq] = entry
+            self._newest_seq = seq
             return entry
         raise StoreError(f"checkpoint store {self.where()}: the commit log kept moving; gave up after 100 tries")
 
@@ -244,9 +248,9 @@ class ObjectStore:
                 )
             return Entry(seq=seq, kind="attempt", job=self.job, attempt=self.attempt)
 
-        if holder_of(self.read_log()) == (self.job, self.attempt):
-            return
-        self._append(make)
+        if holder_of(self.read_log()) != (self.job, self.attempt):
+            self._append(make)
+        self.registered = True
 
     def latest(self) -> Entry | None:
         valid = valid_commits(self.read_log())
@@ -429,6 +433,8 @@ class Uploader:
     ) -> None:
         staged: Path | None = None
         try:
+            if not self.store.registered:  # a script that saves without loading first registers here
+                self.store.register()
             staged = stage()
             key, size, sha256 = self.store.upload(step, staged / STATE_FILE)
             entry = self.store.commit(step, key, size, sha256, meta)

@@ -220,5 +220,13 @@ def test_an_unreachable_endpoint_fails_fast_at_load_and_an_upload_failure_lets_t
     # goes on (training is never held by it), and a save that must be committed raises.
     ckpt.save(1, state(1))
     ckpt.save(2, state(2))
-    with pytest.raises(CheckpointError, match="uploading"):
+    with pytest.raises(CheckpointError, match=f"checkpoint store {s3_bucket.url} .* failed"):
         ckpt.save(3, state(3), reason="signal")
+
+
+def test_an_entry_it_cannot_read_counts_for_nothing_and_is_never_overwritten(tmp_path: Path, s3_bucket: Any) -> None:
+    store = store_of(s3_bucket)
+    obstore.put(store.store, f"{LOG_PREFIX}000000000000.json", b"not json")
+    checkpointer(tmp_path, s3_bucket, 0).save(3, state(3), wait=True)
+    assert [(e.seq, e.kind) for e in store_of(s3_bucket).read_log()] == [(1, "attempt"), (2, "commit")]
+    assert obstore.get(store.store, f"{LOG_PREFIX}000000000000.json").bytes().to_bytes() == b"not json"
