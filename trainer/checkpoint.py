@@ -51,7 +51,8 @@ STAGING_SUBDIR = ".staging"  # under checkpoint.dir: where an object-store check
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint cannot be resumed (another configuration, world size or format)."""
+    """A checkpoint cannot be resumed (another configuration, world size or format), or its store
+    failed or refused it (kubetrain.trainer.objectstore.StoreError)."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -68,14 +69,6 @@ def _read_meta(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return meta if isinstance(meta, dict) else None
-
-
-def step_of(path: Path) -> int:
-    """N of a `step-N` checkpoint folder."""
-    match = _STEP_DIR.match(path.name)
-    if match is None:
-        raise CheckpointError(f"{path} is not a step-N checkpoint folder")
-    return int(match.group(1))
 
 
 def complete_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
@@ -309,12 +302,9 @@ class Checkpointer:
             prune(self.directory, self.keep)
             self._record("checkpoint", step=step, epoch=epoch, path=str(path), reason=reason)
             return path
-        from kubetrain.trainer.objectstore import StoreError
-
-        try:
-            self._uploader.wait(raise_failures=False)  # one upload at a time: the stall when saves outrun uploads
-        except StoreError as exc:  # a refused commit: this attempt is stale and must stop
-            raise CheckpointError(str(exc)) from exc
+        # One upload at a time: the stall when saves outrun uploads. A refused commit raises here
+        # (this attempt is stale and must stop).
+        self._uploader.wait(raise_failures=False)
         # The stall: a copy of every tensor (training changes them from the next step on); the
         # serialisation into the staging dir, the upload and the commit run on the upload's thread.
         snapshot = _snapshot(payload)
@@ -336,14 +326,8 @@ class Checkpointer:
     def wait(self) -> None:
         """Rank 0: until the last save is committed (a no-op on a volume and on other ranks).
         Raises CheckpointError if it was not."""
-        if self._uploader is None:
-            return
-        from kubetrain.trainer.objectstore import StoreError
-
-        try:
+        if self._uploader is not None:
             self._uploader.wait()
-        except StoreError as exc:
-            raise CheckpointError(str(exc)) from exc
 
     def _record(self, event: str, **fields: Any) -> None:
         if self.metrics is not None:
@@ -410,40 +394,38 @@ class Checkpointer:
     def load(self) -> tuple[Path | str, dict[str, Any]] | None:
         """Rank 0 reads the newest complete checkpoint, every rank gets (where, state) and its RNG
         back: where is a Path on a volume, the object store's URL of it otherwise."""
-        message: list[Any] = [None, None, None]  # error, where, payload
+        header: list[Any] = [None, None, None]  # error, where, step: what every rank learns
+        payload: dict[str, Any] | None = None
         if self.rank == 0:
             try:
                 newest = self._read_newest()
                 if newest is not None:
                     where, payload, meta = newest
-                    message = [self._check(where, meta), where, payload]
+                    header = [self._check(where, meta), where, meta.get("step")]
                     self.loaded_reason = meta.get("reason")
-                    self.last_step = _int(meta.get("step"))
             except Exception as exc:  # an unreadable newest checkpoint must stop every rank
-                message = [
+                header = [
                     f"cannot load the newest checkpoint of {self.location}: {type(exc).__name__}: {exc}",
                     None,
                     None,
                 ]
         if self.world_size > 1:
-            error_and_path = [message[0], message[1]]
-            dist.broadcast_object_list(error_and_path, src=0)
-            message[0], message[1] = error_and_path
-        if message[0] is not None:
-            raise CheckpointError(message[0])
-        if message[1] is None:
+            dist.broadcast_object_list(header, src=0)
+        error, where, step = header
+        if error is not None:
+            raise CheckpointError(error)
+        if where is None:
             return None
-        ranks = message[2]["ranks"] if self.rank == 0 else None
-        state: list[Any] = [message[2]["state"] if self.rank == 0 else None]
+        ranks = payload["ranks"] if payload is not None else None
+        state: list[Any] = [payload["state"] if payload is not None else None]
         mine: list[Any] = [ranks[0] if ranks else None]
         if self.world_size > 1:
             dist.broadcast_object_list(state, src=0)
             dist.scatter_object_list(mine, ranks, src=0)
         set_rng_state(mine[0], self.generators)
         restored: dict[str, Any] = state[0]
-        loaded: Path | str = message[1] if self.object_store is not None else Path(message[1])
-        self.last_step, self._last_time = _step_of_where(loaded), time.monotonic()
-        return loaded, restored
+        self.last_step, self._last_time = step, time.monotonic()
+        return (where if self.object_store is not None else Path(where)), restored
 
 
 def _snapshot(value: Any) -> Any:
@@ -458,14 +440,6 @@ def _snapshot(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(_snapshot(item) for item in value)
     return value
-
-
-def _step_of_where(where: Path | str) -> int:
-    name = Path(str(where)).name  # step-N, or step-N-aA for an object store's
-    match = re.match(r"^step-(\d+)(-a\d+)?$", name)
-    if match is None:
-        raise CheckpointError(f"{where} is not a step-N checkpoint")
-    return int(match.group(1))
 
 
 def _int(value: Any) -> int:

@@ -103,14 +103,15 @@ def checkpointer(default: str | Path, ctx: DistContext, **kwargs: Any) -> Checkp
     staged in it (`default` outside a TrainingJob), keeping `checkpoint.keep` unless `keep=` is
     given. It logs a `checkpoint` record (into `<dir>/metrics.jsonl` too, as `log0(...,
     directory=<dir>)` does) once each checkpoint is committed. Other arguments: Checkpointer's."""
-    directory = checkpoint_dir(default)
-    if os.environ.get(CONFIG_ENV):
-        kwargs.setdefault("keep", TrainConfig.from_env().checkpoint.keep)
+    job = TrainConfig.from_env().checkpoint if os.environ.get(CONFIG_ENV) else None
+    directory = Path(job.dir) if job is not None else Path(default)
+    if job is not None:
+        kwargs.setdefault("keep", job.keep)
     return Checkpointer(
         directory,
         rank=ctx.rank,
         world_size=ctx.world_size,
-        object_store=object_store(),
+        object_store=job.object_store if job is not None else None,
         metrics=_logger(ctx, directory),
         **kwargs,
     )

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubetrain.api.contract import ATTEMPT_ENV, JOB_UID_ENV
 from kubetrain.api.training import ObjectStoreConfig
+from kubetrain.trainer.checkpoint import CheckpointError
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
@@ -62,7 +63,7 @@ RETRY_TRIES, RETRY_WITHIN = 3, datetime.timedelta(seconds=20)
 CONNECT_TIMEOUT, REQUEST_TIMEOUT = datetime.timedelta(seconds=5), datetime.timedelta(seconds=600)
 
 
-class StoreError(RuntimeError):
+class StoreError(CheckpointError):
     """The object store failed or refused a request; the message names the location, no secret."""
 
 
@@ -201,7 +202,9 @@ class ObjectStore:
         import obstore
 
         try:
-            paths = [meta["path"] for page in obstore.list(self.store, LOG_PREFIX) for meta in page]
+            # Entries are only ever created after the newest one: list from there on.
+            after = f"{LOG_PREFIX}{self._newest_seq:012d}.json" if self._newest_seq >= 0 else None
+            paths = [meta["path"] for page in obstore.list(self.store, LOG_PREFIX, offset=after) for meta in page]
             for path in paths:
                 seq = _seq_of(path)
                 if seq is None or seq in self._entries:
@@ -415,7 +418,6 @@ class Uploader:
         self.warn = warn
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.committed: list[Entry] = []
 
     def start(
         self, step: int, stage: Callable[[], Path], meta: dict[str, Any], on_commit: Callable[[Entry], None]
@@ -438,7 +440,6 @@ class Uploader:
             staged = stage()
             key, size, sha256 = self.store.upload(step, staged / STATE_FILE)
             entry = self.store.commit(step, key, size, sha256, meta)
-            self.committed.append(entry)
             on_commit(entry)
             self.store.prune(self.keep)
         except BaseException as exc:  # surfaced by wait()
