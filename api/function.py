@@ -11,6 +11,7 @@ the very same TrainingJob.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 from pydantic import Field, JsonValue
@@ -38,6 +39,11 @@ def runner_command(directory: str = FUNCTION_DIR) -> list[str]:
     """The container command of a shipped function: torchrun (configured by the PET_* variables
     the operator renders, as for the built-in trainer) running the runner on `directory`."""
     return ["torchrun", "-m", RUNNER_MODULE, directory]
+
+
+def runs_function(command: Sequence[str] | None) -> bool:
+    """Whether a container command runs the runner of shipped functions (`runner_command`)."""
+    return command is not None and RUNNER_MODULE in command
 
 
 def config_map_name(job_name: str) -> str:

@@ -7,10 +7,13 @@
   RestartJob. Its `Verdict` names the rule, so conditions and Events can say why.
 * `completed` is the late-crash rule: once rank 0 recorded `done` and the newest
   checkpoint holds that step, the work is saved and no failure reruns it.
+* `repeated_error` is the repeated-error rule of shipped functions: an attempt that fails with
+  the error the attempt before it failed with is not retried (`error_of` reads the error).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -260,3 +263,69 @@ def completed(status: TrainingJobStatus) -> str | None:
         f"rank 0 recorded done at step {progress.step} ({stamp(progress.done_at)}) and checkpoint "
         f"{checkpoint.path} holds step {checkpoint.step}"
     )
+
+
+# --- the repeated-error rule ------------------------------------------------------------
+
+# A traceback's frame line, as Python prints it (torchrun's failure summary indents it further).
+_FRAME = re.compile(r'^(?P<indent>\s*)File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>.+)$')
+# The exception line that ends a traceback: a (dotted) class name, then its text if it has one.
+_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::|$)")
+# Errors that say a peer, the network or the environment failed, not the function: torch's
+# distributed errors (a lost peer, a store or backend timeout, torchrun's own ChildFailedError)
+# and kubetrain's reports about the rendezvous. They can repeat word for word while a fault
+# lasts, and a restart is what cures them.
+ENVIRONMENT_ERRORS = ("torch.distributed.", "kubetrain.")
+REPEATED_REASON = "RepeatedError"
+
+
+@dataclass(frozen=True)
+class Raised:
+    """A Python exception as a failure message shows it: its `Type: text` line and where it was
+    raised (the innermost frame of its traceback, `file:line`)."""
+
+    exception: str
+    where: str
+
+    def __str__(self) -> str:
+        return f"{self.exception} at {self.where}"
+
+
+def error_of(message: str) -> Raised | None:
+    """The last exception a failure message shows with its traceback, or None.
+
+    Read from the end, so what a message keeps of a long traceback (the tail of a log, the error
+    file's text) is enough: the last frame line, then the first line below it that is not
+    indented deeper (the frame's source and carets are) is the exception. Both ways a function's
+    failure reaches status carry that traceback: the agent's `failure` record (the error file
+    the runner writes through torchrun) and a pod's termination message (torchrun's failure
+    summary, which quotes the same file). Nothing volatile is kept: no time, pid or host."""
+    lines = message.splitlines()
+    frames = [(i, m) for i, line in enumerate(lines) if (m := _FRAME.match(line))]
+    if not frames:
+        return None
+    index, frame = frames[-1]
+    indent = len(frame["indent"])
+    for line in lines[index + 1 :]:
+        if not line.strip() or len(line) - len(line.lstrip()) > indent:
+            continue
+        exception = line.strip()
+        if not _EXCEPTION.match(exception):
+            return None
+        return Raised(exception[:512], f"{frame['file']}:{frame['line']}")
+    return None
+
+
+def repeated_error(previous: Failure | None, failure: Failure) -> Raised | None:
+    """The error `failure` repeats, when the attempt before it failed with the same one (the same
+    exception type and text, raised at the same file:line, by whichever rank): a restart would
+    only fail again. None for a different error, an earlier attempt that did not fail (or
+    failed otherwise), an error of the environment (ENVIRONMENT_ERRORS), or a message without a
+    traceback. Not the rank: a deterministic error fails on every rank, and which one is
+    observed first is a race."""
+    if previous is None or previous.attempt != failure.attempt - 1:
+        return None
+    error = error_of(failure.message)
+    if error is None or error.exception.startswith(ENVIRONMENT_ERRORS):
+        return None
+    return error if error_of(previous.message) == error else None

@@ -41,6 +41,11 @@ Definitions docs/operator.md repeats:
   * Failure policy (`failures.judge`): runPolicy.failurePolicy.rules in order, then the
     defaults (a disruption restarts without counting), then RestartJob. FailJob fails with
     reason FailurePolicy, the rule named in the message.
+  * Repeated-error rule (`failures.repeated_error`), for shipped functions: a failure that the
+    failure policy would restart (no rule matched it) while the attempt before failed with the
+    same error (exception type and text, raised at the same file:line, whichever rank) fails the
+    job with reason RepeatedError instead of restarting it; errors of torch.distributed and
+    kubetrain (a lost peer, a timeout, the rendezvous) are always restarted.
   * Gang restart: the failure is recorded, `attempt` goes up and `restarts` (or, for
     RestartJobAndIgnoreMaxRestarts, `uncountedRestarts`) too; the status patch is the commit
     point and goes first, then every pod of older attempts is deleted and the new attempt's
@@ -55,6 +60,7 @@ from datetime import datetime, timedelta
 
 from kubetrain.api import naming
 from kubetrain.api.contract import startup_timeout_seconds
+from kubetrain.api.function import runs_function
 from kubetrain.api.models import (
     MAX_FAILURES_KEPT,
     AttemptStart,
@@ -69,6 +75,7 @@ from kubetrain.operator import podgroup, timeline
 from kubetrain.operator.conditions import derive_phase, get_condition, is_true, set_condition
 from kubetrain.operator.decision import DEFAULT_POLICY, Decision, Event, Hold, Policy, StaleView
 from kubetrain.operator.failures import (
+    REPEATED_REASON,
     FailureKind,
     completed,
     describe,
@@ -78,6 +85,7 @@ from kubetrain.operator.failures import (
     is_disruption,
     judge,
     progressed_since,
+    repeated_error,
     stall_due,
     stall_failure,
     stamp,
@@ -348,6 +356,7 @@ def _restart_or_fail(run: _Pass, problem: Problem, service_exists: bool, *, in_p
         # The late-crash rule: the work is saved; rerunning it would only redo the last steps.
         return _finish(run, True, "CompletedBeforeFailure", f"{done}; then {describe(failure)}; not restarted")
     verdict = judge(policy.failure_policy, failure, conditions)
+    previous = status.failures[-1] if status.failures else None
     status.failures = [*(status.failures or []), failure][-MAX_FAILURES_KEPT:]
     run.decision.commit_first = True
     if not is_disruption(failure, conditions):
@@ -356,6 +365,9 @@ def _restart_or_fail(run: _Pass, problem: Problem, service_exists: bool, *, in_p
     if verdict.action == "FailJob":
         return _finish(run, False, "FailurePolicy", f"{describe(failure)}; failed by {verdict.rule}")
     counted = verdict.action == "RestartJob"
+    repeated = _repeated(run, previous, failure) if counted and verdict.rule is None else None
+    if repeated is not None:
+        return _finish(run, False, REPEATED_REASON, repeated)
     if counted and status.restarts >= policy.max_restarts:
         message = f"{describe(failure)}; no restarts left (maxRestarts {policy.max_restarts})"
         return _finish(run, False, "BackoffLimitExceeded", message)
@@ -383,6 +395,25 @@ def _restart_or_fail(run: _Pass, problem: Problem, service_exists: bool, *, in_p
     else:
         run.stale, run.current = run.live, []
     return _converge(run, service_exists)
+
+
+def _repeated(run: _Pass, previous: Failure | None, failure: Failure) -> str | None:
+    """The repeated-error rule (`failures.repeated_error`), for shipped functions only: there the
+    failure message is the function's own traceback, which the runner puts in torchrun's error
+    file. A script's message holds one only sometimes (torchrun's summary names the exception
+    only for a script that records it), and the built-in trainer's errors are mostly its reports
+    on the environment (a checkpoint store, the rendezvous), which repeat word for word while an
+    outage lasts. The message for the Failed condition, or None to go on."""
+    if not runs_function(run.job.spec.command):
+        return None
+    error = repeated_error(previous, failure)
+    if error is None:
+        return None
+    assert previous is not None
+    return (
+        f"{describe(failure)}; attempt {previous.attempt} failed with the same error ({error}): not restarted, "
+        "a restart would raise it again (a failurePolicy rule with action RestartJob restarts it anyway)"
+    )
 
 
 def _gang_succeeded(run: _Pass) -> bool:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import logging
 import os
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -86,9 +87,12 @@ class DistContext:
         return self.env.rank == 0
 
 
-# The context of the process group `setup` initialised, until `teardown`: code called inside
-# someone else's `distributed()` (a function shipped by kubetrain.client) finds it here.
+# The context of the process group `setup` initialised (or `current` adopted), until `teardown`:
+# code called inside someone else's `distributed()` (a function shipped by kubetrain.client)
+# finds it here.
 _current: DistContext | None = None
+# What `current` sets up where no process group exists yet, once (`set_up_on_first_use`).
+_on_first_use: Callable[[], DistContext] | None = None
 
 
 def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
@@ -269,20 +273,50 @@ def setup(
     return _current
 
 
+def initialized() -> bool:
+    """Whether this process has a default process group (whoever initialised it)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def set_up_on_first_use(backend: str = "auto", *, timeout_s: float = 1800, connect_timeout_s: float = 300) -> None:
+    """Let the first `current()` that finds no process group `setup` one with these arguments
+    (the runner of shipped functions: a function may initialise its group itself instead)."""
+    global _on_first_use
+    _on_first_use = functools.partial(setup, backend, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
+
+
 def current() -> DistContext:
-    """This process's DistContext while its process group is up (see `setup`)."""
-    if _current is None or not (dist.is_available() and dist.is_initialized()):
-        raise ContractError(
-            "no kubetrain process group: call this inside `lib.distributed()` (a function run by "
-            "kubetrain.client's train() already is)"
-        )
+    """This process's DistContext while its process group is up: the one `setup` made, or, for a
+    group the script initialised itself (`dist.init_process_group`), one adopted from it. With no
+    group, the one `set_up_on_first_use` allows (at most once: a group its owner destroyed is
+    not made again behind its back)."""
+    global _on_first_use
+    if initialized():
+        return _current if _current is not None else adopt()
+    if _current is None and _on_first_use is not None:
+        make, _on_first_use = _on_first_use, None
+        return make()
+    raise ContractError(
+        "no kubetrain process group: call this inside `lib.distributed()` or after `init_process_group` (in a "
+        "function run by kubetrain.client's train(), the first call sets the group up)"
+    )
+
+
+def adopt() -> DistContext:
+    """The DistContext of a default process group initialised by someone else: its backend, rank
+    and world size, this process's device (cuda:LOCAL_RANK with nccl), the rest of the env contract."""
+    global _current
+    backend = str(dist.get_backend())
+    env = replace(read_env(), rank=dist.get_rank(), world_size=dist.get_world_size())
+    device = torch.device("cuda", env.local_rank) if "nccl" in backend else torch.device("cpu")
+    _current = DistContext(env=env, backend=backend, device=device)
     return _current
 
 
 def teardown() -> None:
     global _current
     _current = None
-    if dist.is_available() and dist.is_initialized():
+    if initialized():
         dist.destroy_process_group()
 
 
@@ -295,7 +329,7 @@ def finish(ctx: DistContext, *, hold_timeout_s: float = 60, destroy: bool = True
     (see `hold_agent_store`). `destroy=False` leaves the group to a process that ends at
     once with `leave` (the built-in trainer): nothing it would free matters then.
     """
-    if dist.is_available() and dist.is_initialized():
+    if initialized():
         barrier(ctx)
     if destroy:
         teardown()

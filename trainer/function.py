@@ -1,17 +1,37 @@
 """`torchrun -m kubetrain.trainer.function DIR`: call a function shipped by kubetrain.client's `train()`.
 
 DIR holds the shipped module and the call (`kubetrain.api.function`). Every rank loads the
-module, sets up the process group of the env contract as `lib.distributed()` does (the job's
-backend and timeouts, from KUBETRAIN_CONFIG as the built-in trainer reads them) and calls the
-function with the call's arguments; inside it, `lib.context()` is this rank's DistContext. The
-return value is not sent anywhere: print or `lib.log0` what you want to keep. It ends as the
-built-in trainer does: on success every rank meets (`dist.finish`), then each leaves with
+module and calls the function with the call's arguments. The return value is not sent anywhere:
+print or `lib.log0` what you want to keep.
+
+The process group is the function's, or made for it on first use. A function written as
+Kubeflow's SDK documents it initialises the group itself (`dist.init_process_group(backend=...)`)
+and ends with `dist.barrier()` and `dist.destroy_process_group()`; a function written for
+kubetrain calls `lib.context()` and leaves the group to the runner. Both run unchanged, because
+the runner makes no group before the call: it only registers the job's set-up
+(`dist.set_up_on_first_use`: the job's backend and timeouts, from KUBETRAIN_CONFIG as the
+built-in trainer reads them), which the first `lib.context()` runs when no group exists, and
+`lib.context()` adopts a group the function initialised itself. Setting up before the call
+(as the runner once did) made every Kubeflow-style function fail with "trying to initialize the
+default process group twice"; which kind a function is shows only when it runs (reading its
+source for `init_process_group` would guess, and miss a helper that calls it). A group the function initialised itself has torch's
+defaults and the function's arguments, not the job's timeouts. What kubetrain's own set-up does
+before a group exists still happens first: `torch.distributed.nn` is imported (by
+kubetrain.trainer.dist here, and by the torchrun hooks' wrapper of `init_process_group` in any
+worker), so a group the function destroys is freed and its threads do not outlive it.
+
+It ends as the built-in trainer does: on success every rank meets, then each leaves with
 `os._exit` (kubetrain.trainer.ending says why); after a failure at once, without a teardown that
-could wait for a collective no peer will finish.
+could wait for a collective no peer will finish. The meeting (`dist.finish`) runs only where a
+group is still initialised when the function returns: a function that destroyed its group met
+its peers at its own barrier first, and one that never made a group has no peers to meet (the
+torchrun agents' exit barrier still holds the nodes together).
 
 Exit status: 0 when the function returned on this rank, 1 when it raised (its traceback is the
-end of the log, which becomes the pod's termination message and so the job's failure message),
-2 when DIR does not hold a valid shipment.
+end of the log and, through torchrun's error file, of torchrun's failure summary: the pod's
+termination message and so the job's failure message; two attempts in a row that fail with the
+same error end the job, see kubetrain.operator.failures.repeated_error), 2 when DIR does not hold
+a valid shipment.
 """
 
 from __future__ import annotations
@@ -89,23 +109,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     configure_logging(rank)
     config = TrainConfig.from_env()
-    try:
-        ctx = kdist.setup(
-            config.backend,
-            timeout_s=config.training.process_group_timeout_seconds,
-            connect_timeout_s=config.training.connect_timeout_seconds,
-        )
-    except kdist.ContractError as error:
-        log.error("%s", error)
-        return 1
+    kdist.set_up_on_first_use(
+        config.backend,
+        timeout_s=config.training.process_group_timeout_seconds,
+        connect_timeout_s=config.training.connect_timeout_seconds,
+    )
     try:
         fn(*call.args, **call.kwargs)
     except Exception as error:
         print(f"[rank {rank}] {call.function}() raised:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         _tell_torchrun(error)
         return 1
+    if not kdist.initialized():
+        return 0
     try:
-        kdist.finish(ctx, destroy=False)
+        kdist.finish(kdist.current(), destroy=False)
     except Exception:  # a peer that failed after this rank's function returned
         log.exception("%s() returned, but the ranks' final meeting failed", call.function)
         return 1

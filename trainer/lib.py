@@ -27,8 +27,10 @@ A DataLoader of your own with `num_workers > 0` needs `worker_init_fn=lib.loader
 `watchdog = lib.HangWatchdog(ctx.local_rank)` and `watchdog.beat()` once per step give a Stalled
 restart every rank's stacks to name the rank that hung (kubetrain.trainer.watchdog).
 
-`lib.context()` returns the same `ctx` anywhere inside the block (a function run by
-kubetrain.client's `train()` runs inside one and starts with `ctx = lib.context()`).
+`lib.context()` returns the same `ctx` anywhere inside the block, and the context of a group the
+script initialised itself (`dist.init_process_group`). A function run by kubetrain.client's
+`train()` starts with `ctx = lib.context()`, which sets its group up on first use (the job's
+backend and timeouts), or initialises the group itself, as a function written for Kubeflow does.
 
 Every function here is collective where it says so and safe to call on every rank otherwise.
 """

@@ -17,7 +17,7 @@ import psutil
 import pytest
 from support.jobs import fake_job, valid_job, write_job
 from support.local_runs import finish_run
-from support.shipped import STEPS, all_reduce_ranks, fails
+from support.shipped import STEPS, all_reduce_ranks, fails, fails_differently, kubeflow_ddp
 from support.waiting import wait_for
 
 from kubetrain.api.models import TrainingJob
@@ -124,6 +124,37 @@ def test_a_failing_function_raises_from_wait_with_the_failure_in_status(client: 
     (failure,) = status.failures or []
     assert failure.exit_code == 1 and "ValueError: bad learning rate" in failure.message
     assert "ValueError: bad learning rate" in str(raised.value)
+
+
+def test_a_function_written_as_kubeflow_documents_it_succeeds(client: Client) -> None:
+    # It calls init_process_group, barrier and destroy_process_group itself.
+    job = client.train(kubeflow_ddp, nodes=2, args=(2,), spec={"runPolicy": {"maxRestarts": 0}})
+    status = job.wait(timeout=TIMEOUT)
+    assert status.phase == "Succeeded" and status.restarts == 0
+    lines = job.logs()
+    for rank in (0, 1):
+        assert f"[node-{rank}] Distributed Training with WORLD_SIZE: 2, RANK: {rank}, LOCAL_RANK: 0." in lines
+    assert "[node-0] Training is finished" in lines
+    assert "[node-0] Train Epoch: 1 [0/256] Loss:" in "\n".join(lines)
+
+
+def test_a_function_raising_the_same_error_again_fails_after_two_attempts(client: Client) -> None:
+    job = client.train(fails, nodes=2, args=("bad learning rate",), spec={"runPolicy": {"maxRestarts": 3}})
+    with pytest.raises(JobFailed, match=r"failed \(RepeatedError\)") as raised:
+        job.wait(timeout=TIMEOUT)
+    status = raised.value.status
+    assert [f.attempt for f in status.failures or []] == [0, 1] and status.restarts == 1
+    said = str(raised.value)
+    assert "attempt 0 failed with the same error (ValueError: bad learning rate at " in said
+    assert "function.py:" in said and "not restarted, a restart would raise it again" in said
+
+
+def test_a_function_failing_differently_each_time_is_restarted(client: Client) -> None:
+    job = client.train(fails_differently, nodes=2, spec={"runPolicy": {"maxRestarts": 1}})
+    with pytest.raises(JobFailed, match=r"failed \(BackoffLimitExceeded\)") as raised:
+        job.wait(timeout=TIMEOUT)
+    status = raised.value.status
+    assert [f.attempt for f in status.failures or []] == [0, 1] and status.restarts == 1
 
 
 def test_what_cannot_run_is_refused_before_anything_is_created(client: Client, tmp_path: Path) -> None:

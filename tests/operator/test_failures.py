@@ -10,7 +10,7 @@ import pytest
 
 from kubetrain.api.models import Failure, FailurePolicy, TrainingJobStatus
 from kubetrain.api.records import fold
-from kubetrain.operator.failures import completed, describe_rule, judge
+from kubetrain.operator.failures import Raised, completed, describe_rule, error_of, judge, repeated_error
 from kubetrain.operator.pods import PodCondition
 
 pytestmark = pytest.mark.unit
@@ -141,3 +141,120 @@ def test_completed_needs_done_and_the_final_checkpoint(lines: list[str], complet
     if complete:
         assert status.progress is not None
         assert status.progress.done_at == datetime.fromtimestamp(1_700_000_100, UTC)
+
+
+# --- the repeated-error rule ------------------------------------------------------------------
+
+SHIPPED = "/kubetrain/function/function.py"
+# A function's failure as the torchrun agent's `failure` record reports it (an in-place restart).
+AGENT_RECORD = f"""worker rank 1 (local rank 0, pid 16462) exited with code 1: ValueError: bad lr
+Traceback (most recent call last):
+  File "/usr/lib/python3/site-packages/kubetrain/trainer/function.py", line 102, in main
+    fn(*call.args, **call.kwargs)
+  File "{SHIPPED}", line 5, in train
+    raise ValueError(message)
+ValueError: bad lr"""
+# The same failure as a pod's termination message: the end of torchrun's failure summary, which
+# quotes the error file the runner wrote (a recreated gang).
+SUMMARY = f"""  File "/usr/lib/python3/site-packages/torch/distributed/launcher/api.py", line 386, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+kubetrain.trainer.function FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-28_21:09:16
+  host      : train-node-0
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 16837)
+  error_file: /tmp/torchelastic_xyizedgu/none_hngty63a/attempt_0/0/error.json
+  traceback : Traceback (most recent call last):
+    File "/usr/lib/python3/site-packages/kubetrain/trainer/function.py", line 102, in main
+      fn(*call.args, **call.kwargs)
+    File "{SHIPPED}", line 5, in train
+      raise ValueError(message)
+                    ^^^^^^^^^^^
+  ValueError: bad lr
+
+============================================================"""
+# torchrun's summary of a script that did not record its error: only torchrun's own exception.
+UNRECORDED = SUMMARY.split("  traceback :")[0] + "  traceback : To enable traceback see: https://pytorch.org/docs"
+BAD_LR = Raised("ValueError: bad lr", f"{SHIPPED}:5")
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (AGENT_RECORD, BAD_LR),
+        (SUMMARY, BAD_LR),
+        # What a termination message keeps of a long traceback is its end: enough.
+        (AGENT_RECORD[AGENT_RECORD.index(f'  File "{SHIPPED}"') :], BAD_LR),
+        (
+            UNRECORDED,
+            Raised(
+                "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+                "/usr/lib/python3/site-packages/torch/distributed/launcher/api.py:386",
+            ),
+        ),
+        ("Traceback\nboom", None),
+        ("", None),
+        # A frame whose exception line was cut off, or is not one.
+        (AGENT_RECORD.rsplit("\n", 1)[0], None),
+        (AGENT_RECORD.rsplit("\n", 1)[0] + "\n-- 3 more lines --", None),
+    ],
+)
+def test_error_of_reads_the_last_exception_and_where_it_was_raised(message: str, error: Raised | None) -> None:
+    assert error_of(message) == error
+
+
+def attempt_failed(attempt: int, message: str, rank: int = 0) -> Failure:
+    return Failure(attempt=attempt, rank=rank, pod=f"j-node-{rank}", exit_code=1, reason="Error", message=message)
+
+
+@pytest.mark.parametrize(
+    ("previous", "failed", "repeated"),
+    [
+        # The same error, whichever way it was reported and whichever rank was first.
+        (attempt_failed(0, AGENT_RECORD, rank=1), attempt_failed(1, SUMMARY), BAD_LR),
+        (attempt_failed(3, SUMMARY), attempt_failed(4, AGENT_RECORD), BAD_LR),
+        # Not the attempt before (an uncounted disruption, or a suspension, came between).
+        (attempt_failed(0, AGENT_RECORD), attempt_failed(2, AGENT_RECORD), None),
+        (None, attempt_failed(1, AGENT_RECORD), None),
+        # Another text, another line: a different error.
+        (attempt_failed(0, AGENT_RECORD.replace("bad lr", "bad lr 2")), attempt_failed(1, AGENT_RECORD), None),
+        (attempt_failed(0, AGENT_RECORD.replace("line 5", "line 6")), attempt_failed(1, AGENT_RECORD), None),
+        # A flaky error: a lost peer's message names a port that differs each time.
+        (
+            attempt_failed(
+                0, AGENT_RECORD.replace("ValueError: bad lr", "RuntimeError: Connection closed by peer [10.0.0.7]:4311")
+            ),
+            attempt_failed(
+                1, AGENT_RECORD.replace("ValueError: bad lr", "RuntimeError: Connection closed by peer [10.0.0.7]:5120")
+            ),
+            None,
+        ),
+        # Errors of the environment repeat word for word while it lasts: always restarted.
+        (
+            attempt_failed(
+                0, AGENT_RECORD.replace("ValueError: bad lr", "torch.distributed.DistNetworkError: timed out")
+            ),
+            attempt_failed(
+                1, AGENT_RECORD.replace("ValueError: bad lr", "torch.distributed.DistNetworkError: timed out")
+            ),
+            None,
+        ),
+        (attempt_failed(0, UNRECORDED), attempt_failed(1, UNRECORDED), None),
+        (
+            attempt_failed(0, AGENT_RECORD.replace("ValueError", "kubetrain.trainer.dist.MasterUnreachableError")),
+            attempt_failed(1, AGENT_RECORD.replace("ValueError", "kubetrain.trainer.dist.MasterUnreachableError")),
+            None,
+        ),
+        # No traceback: nothing to compare (an OOM kill, a deleted pod).
+        (attempt_failed(0, "OOMKilled"), attempt_failed(1, "OOMKilled"), None),
+    ],
+)
+def test_repeated_error_is_the_same_exception_at_the_same_line_in_the_attempt_before(
+    previous: Failure | None, failed: Failure, repeated: Raised | None
+) -> None:
+    assert repeated_error(previous, failed) == repeated

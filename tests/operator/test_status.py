@@ -12,6 +12,7 @@ from support.decisions import advance, cond, make_job, message_of, step
 from support.pods import JOB_UID as UID
 from support.pods import T0, pod_view
 
+from kubetrain.api.function import runner_command
 from kubetrain.api.models import LastCheckpoint, Progress, TrainingJob
 from kubetrain.operator.conditions import get_condition, is_true
 from kubetrain.operator.decision import DEFAULT_POLICY, Decision, StaleView
@@ -725,3 +726,78 @@ def test_pod_views_built_field_by_field_take_the_same_rules() -> None:
     assert [(f.rank, f.exit_code, f.reason) for f in d.status.failures or []] == [(2, 1, "Error")]
     d = step(with_progress(job), crashed, T0 + timedelta(seconds=3))
     assert cond(d, "Succeeded") == ("True", "CompletedBeforeFailure") and "node 2" in message_of(d, "Succeeded")
+
+
+# --- the repeated-error rule ------------------------------------------------------------------
+
+
+def raised(text: str, line: int = 5) -> str:
+    """A shipped function's failure message (the torchrun agent's record of it)."""
+    return (
+        f"worker rank 0 (local rank 0, pid 4242) exited with code 1: {text}\nTraceback (most recent call last):\n"
+        f'  File "/kubetrain/function/function.py", line {line}, in train\n    raise ValueError(message)\n{text}'
+    )
+
+
+def fail_twice(first: str, second: str, **spec: Any) -> Decision:
+    """A job's attempts 0 and 1 each fail on node 0 with these messages: the decision on the second."""
+    spec.setdefault("runPolicy", {"maxRestarts": 3})
+    job, pods = running_job(**spec)
+    job = advance(job, step(job, [pod_view(job, 0, phase="Failed", exit_code=1, message=first), *pods[1:]]))
+    running = [pod_view(job, r, attempt=1, phase="Running") for r in range(3)]
+    job = advance(job, step(job, running))
+    running[0] = pod_view(job, 0, attempt=1, phase="Failed", exit_code=1, message=second)
+    return step(job, running, T0 + timedelta(minutes=5))
+
+
+def test_a_function_that_raises_the_same_error_twice_fails_without_a_restart() -> None:
+    d = fail_twice(raised("ValueError: bad lr"), raised("ValueError: bad lr"), command=runner_command())
+    assert d.status.phase == "Failed" and cond(d, "Failed") == ("True", "RepeatedError")
+    assert d.status.restarts == 1 and [f.attempt for f in d.status.failures or []] == [0, 1]
+    assert message_of(d, "Failed") == (
+        "node 0 (pod j-node-0) failed with exit code 1 (Error): ValueError: bad lr; attempt 0 failed with the "
+        "same error (ValueError: bad lr at /kubetrain/function/function.py:5): not restarted, a restart would "
+        "raise it again (a failurePolicy rule with action RestartJob restarts it anyway)"
+    )
+    assert [e.reason for e in d.events] == ["RepeatedError"]
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "spec"),
+    [
+        # A different text or line: another error.
+        (raised("ValueError: bad lr"), raised("ValueError: bad lr 0.1"), {"command": runner_command()}),
+        (raised("ValueError: bad lr"), raised("ValueError: bad lr", line=6), {"command": runner_command()}),
+        # A flaky error (a lost peer names another port each time), an error of the environment.
+        (
+            raised("RuntimeError: Connection closed by peer [10.0.0.7]:4311"),
+            raised("RuntimeError: Connection closed by peer [10.0.0.7]:5120"),
+            {"command": runner_command()},
+        ),
+        (
+            raised("torch.distributed.DistStoreError: timed out"),
+            raised("torch.distributed.DistStoreError: timed out"),
+            {"command": runner_command()},
+        ),
+        # Not a shipped function: the built-in trainer, a script.
+        (raised("ValueError: bad lr"), raised("ValueError: bad lr"), {}),
+        (raised("ValueError: bad lr"), raised("ValueError: bad lr"), {"command": ["torchrun", "train.py"]}),
+        # The user's failure policy says to restart it.
+        (
+            raised("ValueError: bad lr"),
+            raised("ValueError: bad lr"),
+            {
+                "command": runner_command(),
+                "runPolicy": {
+                    "maxRestarts": 3,
+                    "failurePolicy": {
+                        "rules": [{"action": "RestartJob", "onExitCodes": {"operator": "In", "values": [1]}}]
+                    },
+                },
+            },
+        ),
+    ],
+)
+def test_other_failures_of_two_attempts_in_a_row_restart(first: str, second: str, spec: dict[str, Any]) -> None:
+    d = fail_twice(first, second, **spec)
+    assert d.status.phase == "Restarting" and (d.status.attempt, d.status.restarts) == (2, 2)

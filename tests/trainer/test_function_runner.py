@@ -4,14 +4,16 @@ contract is a single process on loopback). The 2-node runs are the client's test
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.shipped import STEPS, raises, reports
+from support.shipped import STEPS, adopts_its_own_group, kubeflow_ddp, raises, reports
 
+from kubetrain.api.contract import free_port
 from kubetrain.api.function import CALL_FILE, RUNNER_MODULE, SOURCE_FILE
 from kubetrain.api.records import metrics_in
 from kubetrain.client.ship import ship
@@ -20,10 +22,25 @@ from kubetrain.client.spec import function_files
 pytestmark = pytest.mark.unit
 
 
-def run(directory: Path) -> subprocess.CompletedProcess[str]:
+def run(directory: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", RUNNER_MODULE, str(directory)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", RUNNER_MODULE, str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=None if env is None else {**os.environ, **env},
     )
+
+
+def world_of_one() -> dict[str, str]:
+    """What `dist.init_process_group()` reads (env://), as torchrun would set it for one process."""
+    return {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
 
 
 def shipped(tmp_path: Path, fn: Any, *args: Any) -> Path:
@@ -37,6 +54,19 @@ def test_the_function_runs_inside_a_process_group_and_logs_records(tmp_path: Pat
     assert done.returncode == 0, done.stderr
     assert "hello: rank 0 of 1 on gloo, sum 1.0" in done.stdout
     assert [(r["event"], r["step"]) for r in metrics_in(done.stdout)] == [("step", s) for s in range(1, STEPS + 1)]
+
+
+def test_a_function_written_for_kubeflow_initialises_and_destroys_its_own_group(tmp_path: Path) -> None:
+    done = run(shipped(tmp_path, kubeflow_ddp, 1), world_of_one())
+    assert done.returncode == 0, done.stderr
+    assert "Distributed Training with WORLD_SIZE: 1, RANK: 0, LOCAL_RANK: 0." in done.stdout
+    assert done.stdout.strip().endswith("Training is finished"), done.stdout
+
+
+def test_the_context_of_a_group_the_function_initialised_is_adopted(tmp_path: Path) -> None:
+    done = run(shipped(tmp_path, adopts_its_own_group), world_of_one())
+    assert done.returncode == 0, done.stderr
+    assert "adopted: rank 0 of 1 on gloo, sum 1" in done.stdout
 
 
 def test_a_raising_function_exits_1_with_its_traceback_last(tmp_path: Path) -> None:
