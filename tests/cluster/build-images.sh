@@ -49,6 +49,10 @@ TRAINER_BUILD_GB=26
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DOCKERFILE=$ROOT/Dockerfile
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain/images
+# The real node's containerd root (tests/support/realnode.py image_store()): it keeps the trainer
+# image it imported last, ~12 GB of blobs and their unpacked snapshot, stale once the trainer is
+# rebuilt (its archive is gone; the next node imports the new one and its small images again).
+NODE_STORE=${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain/node-containerd-root
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 START=$SECONDS
 
@@ -176,6 +180,20 @@ need_space() {
   fi
 }
 
+# drop_node_store: removes the node's containerd root unless a node uses it (a process holds a
+# file in it, or something is mounted under it), so a rebuilt trainer does not need room for the
+# stale one too: on a shared disk those ~12 GB decided whether the build fits.
+drop_node_store() {
+  [ -d "$NODE_STORE" ] || return 0
+  if find /proc/[0-9]*/fd -lname "$NODE_STORE/*" -print -quit 2>/dev/null | grep -q . ||
+    awk -v root="$NODE_STORE/" 'index($2, root) == 1 { found = 1 } END { exit !found }' /proc/self/mounts; then
+    log "the node's image store $NODE_STORE is in use: kept"
+    return 0
+  fi
+  log "removing the node's image store ($(du -sh "$NODE_STORE" | cut -f1)): its trainer image is stale"
+  rm -rf "$NODE_STORE"
+}
+
 # build_image NAME REF TARGET BUILD_ARG...: prints the archive, building it when missing.
 build_image() {
   local name=$1 ref=$2 target=$3 key archive t0=$SECONDS
@@ -189,6 +207,7 @@ build_image() {
   # Older archives of this image go first: the trainer's are GBs and the disk is shared.
   find "$CACHE" -maxdepth 1 -name "$name-*.oci.tar*" -exec rm -rf {} +
   if [ "$target" = trainer ]; then
+    drop_node_store
     need_space "$TRAINER_BUILD_GB" "building $ref (torch's CUDA wheels installed, committed and archived)"
   fi
   local -a args=(-v "$CA_BUNDLE:$CA_BUNDLE:ro")
