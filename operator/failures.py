@@ -135,10 +135,12 @@ def stall_failure(
     hang_timeout: int | None,
     startup_timeout: int | None,
     now: datetime,
-    culprit: tuple[PodView, str] | None = None,
+    culprit: tuple[PodView | None, str] | None = None,
 ) -> Failure:
     """The failure a stall records: how long, the last progress rank 0 reported, and, from every
-    rank's stacks (operator/forensics.py), the pod of the rank that hung and why it is blamed."""
+    rank's stacks (operator/forensics.py), the pod of the rank that hung and why it is blamed.
+    Stacks that blame no rank make a failure of the gang (no rank, no pod): rank 0 only reported
+    the stall, it is not proven to have caused it."""
     if progressed_since(progress, running_since):
         assert progress is not None and progress.updated_at is not None
         last = f"last progress: step {progress.step} at {stamp(progress.updated_at)}"
@@ -149,15 +151,15 @@ def stall_failure(
             f"attempt {attempt} starting to run at {stamp(running_since)} (start-up: imports, rendezvous, "
             "data, model, checkpoint loading)"
         )
-    pod = rank0
+    pod: PodView | None = rank0
     if culprit is not None:
         pod, why = culprit
-        message = f"{message}; {why}"
+        message = f"{message}; {why}" if pod is not None else f"{message}; culprit unknown: {why}"
     return Failure(
         attempt=attempt,
-        rank=pod.rank,
-        pod=pod.name,
-        node=pod.node,
+        rank=pod.rank if pod is not None else None,
+        pod=pod.name if pod is not None else None,
+        node=pod.node if pod is not None else None,
         reason="Stalled",
         message=message[-MESSAGE_TAIL:],
         time=now,

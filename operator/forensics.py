@@ -150,7 +150,7 @@ def _ranks(ranks: Iterable[int]) -> str:
 
 def blame(stacks: Mapping[int, RankStacks], world_size: int) -> Blame:
     if not stacks:
-        return Blame(None, "no rank wrote its stacks (a script without kubetrain's watchdog, or logs unreadable)")
+        return Blame(None, "no rank wrote its stacks (logs unreadable, or processes without kubetrain's hooks)")
     waiting = {r: s.waiting_in for r, s in stacks.items() if s.waiting_in is not None}
     idle = sorted(r for r in stacks if r not in waiting)
     missing = sorted(set(range(world_size)) - set(stacks))

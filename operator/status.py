@@ -516,7 +516,7 @@ def _stalled(run: _Pass) -> Problem | None:
         procs = run.job.spec.procs_per_node
         verdict = blame(run.stacks, run.job.spec.nodes * procs)
         pod = None if verdict.rank is None else _by_rank(run.current).get(verdict.rank // procs)
-        culprit = (pod or rank0, verdict.message)
+        culprit = (pod, verdict.message)
     failure = stall_failure(
         rank0, status.attempt, status.progress, running.last_transition_time, hang, startup, run.now, culprit
     )
