@@ -705,6 +705,26 @@ class CheckpointRefusal(StrictModel):
     time: datetime | None = Field(None, description="When it was refused.")
 
 
+class RuntimeFallback(StrictModel):
+    """A feature of what kubetrain runs beside the training script (torchrun's agent, its hooks)
+    that the job's torch lacks a private name or parameter for: torch's own behaviour runs
+    instead (kubetrain.trainer.torch_private)."""
+
+    feature: str = Field(
+        max_length=64,
+        description=(
+            "exit-barrier, in-place-restart, kill-at-once, warm-start, wait-for-node0 or shutdown-timeout "
+            "(PET_SHUTDOWN_TIMEOUT, ignored by torch before 2.10)."
+        ),
+    )
+    torch: str = Field("", max_length=64, description="The torch version that lacks it.")
+    message: str = Field("", max_length=1024, description="What it lacks, and what runs instead.")
+    time: datetime | None = Field(None, description="When a torchrun agent first reported it.")
+
+
+MAX_FALLBACKS_KEPT = 16
+
+
 class Failure(StrictModel):
     """One failed attempt: what the gang restart was for."""
 
@@ -788,6 +808,15 @@ class TrainingJobStatus(StrictModel):
     )
     failures: list[Failure] | None = Field(
         None, max_length=MAX_FAILURES_KEPT, description=f"The last {MAX_FAILURES_KEPT} failed attempts."
+    )
+    runtime_fallbacks: list[RuntimeFallback] | None = Field(
+        None,
+        max_length=MAX_FALLBACKS_KEPT,
+        description=(
+            "What kubetrain's runtime could not do with this job's torch, each falling back to torch's own "
+            "behaviour; each is also a RuntimeFallback Warning Event."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["feature"]},
     )
     timeline: Timeline | None = Field(
         None, description="Where the current attempt's time went until its first step, and what it waits on now."

@@ -18,6 +18,11 @@ Besides the training records, three mark an attempt's start-up and end (see `fol
 * `failure` (each node's torchrun agent once the gang stopped: the gang's first failure, with the
   node, process rank, exit code, reason and message the operator records in status.failures[]).
 
+`fallback` (a torchrun agent, kubetrain.trainer.torch_private): this torch lacks a private name a
+feature of kubetrain's runtime needs, and torch's own behaviour runs instead (`feature`, `torch`,
+`missing`, `message`). Like the marks it moves no progress; `fold_fallbacks` keeps one per feature
+in status.runtimeFallbacks.
+
 `checkpoint_refused` (rank 0, checkpoint.objectStore) says the object store refused a commit: its
 `refused_attempt` is stale and `current_attempt` holds the store. It is the job's record, not a mark, but
 it moves no progress (a stale attempt's step is not the job's): `fold_refusal` keeps the newest
@@ -32,9 +37,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kubetrain.api.models import CheckpointRefusal, LastCheckpoint, Progress, Timeline
+from kubetrain.api.models import (
+    MAX_FALLBACKS_KEPT,
+    CheckpointRefusal,
+    LastCheckpoint,
+    Progress,
+    RuntimeFallback,
+    Timeline,
+)
 
 REFUSED = "checkpoint_refused"
+FALLBACK = "fallback"
 EVENTS = (
     "start",
     "step",
@@ -47,9 +60,10 @@ EVENTS = (
     "rendezvous",
     "launch",
     "failure",
+    FALLBACK,
 )
-# Records of an attempt's start-up and end: not training progress.
-MARKS = ("rendezvous", "launch", "failure")
+# Records of an attempt's start-up and end, and of the runtime's fallbacks: not training progress.
+MARKS = ("rendezvous", "launch", "failure", FALLBACK)
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -70,7 +84,7 @@ def parse_record(line: str) -> dict[str, Any] | None:
 
 # Records the torchrun agents print (trainer/agent.py): kubetrain's own plumbing, on node 0's
 # output beside rank 0's, not the job's metrics.
-AGENT_EVENTS = ("launch", "failure")
+AGENT_EVENTS = ("launch", "failure", FALLBACK)
 
 
 def records_in(text: str) -> list[dict[str, Any]]:
@@ -79,7 +93,7 @@ def records_in(text: str) -> list[dict[str, Any]]:
 
 def metrics_in(text: str) -> list[dict[str, Any]]:
     """The job's own metrics records in `text`: every record but the marks of an attempt's
-    start-up and end (rank 0's rendezvous, the agents' launch and failure)."""
+    start-up and end (rank 0's rendezvous, the agents' launch and failure) and the runtime's fallbacks."""
     return [record for record in records_in(text) if record["event"] not in MARKS]
 
 
@@ -165,6 +179,29 @@ def _not_older(found: CheckpointRefusal, previous: CheckpointRefusal | None) -> 
     if previous is None or found.time is None or previous.time is None:
         return True
     return (found.time, found.step) >= (previous.time, previous.step)
+
+
+def _fallback(record: dict[str, Any]) -> RuntimeFallback | None:
+    feature = record.get("feature")
+    if not isinstance(feature, str) or not feature:
+        return None
+    return RuntimeFallback(
+        feature=feature[:64],
+        torch=str(record.get("torch") or "")[:64],
+        message=str(record.get("message") or "")[:1024],
+        time=_time(record.get("time")),
+    )
+
+
+def fold_fallbacks(text: str, previous: list[RuntimeFallback] | None) -> list[RuntimeFallback] | None:
+    """`previous` and each feature's first `fallback` record in `text` it does not hold yet."""
+    kept = list(previous or [])
+    held = {fallback.feature for fallback in kept}
+    for record in records_in(text):
+        if record["event"] == FALLBACK and (found := _fallback(record)) is not None and found.feature not in held:
+            held.add(found.feature)
+            kept.append(found)
+    return kept[:MAX_FALLBACKS_KEPT] if len(kept) > len(previous or []) else previous
 
 
 def fold_refusal(text: str, previous: CheckpointRefusal | None) -> CheckpointRefusal | None:

@@ -423,7 +423,8 @@ class Controller:
         created, refused = await self._create(key, state, job, decision, flavors)
         now = datetime.now(UTC).replace(microsecond=0)
         status, events = refusal.settle(previous, decision, committed, refused, created, now)
-        events = [*events, *progress.refusal_events(previous, status)]  # posted once: with its status
+        # Posted once: with the status that holds them.
+        events = [*events, *progress.refusal_events(previous, status), *progress.fallback_events(previous, status)]
         wire = decided_wire if status is decision.status else status.wire()
         if wire != (decided_wire if committed else previous_wire) and not await self._write_status(state, body, wire):
             self._gone(key)

@@ -20,7 +20,10 @@ agent printed a `failure` record, which the controller reads from that pod's log
 A `checkpoint_refused` record (a stale attempt's commit to the object store, refused) becomes
 status.lastCheckpointRefusal wherever rank 0's records are folded, a current pod's log or an
 ended one's archived tail, and each new one a CheckpointRefused Warning Event (`refusal_events`:
-the stored status against the one written, so a log read again posts nothing twice).
+the stored status against the one written, so a log read again posts nothing twice). A
+`fallback` record (a torchrun agent's: this job's torch lacks a private name a feature of
+kubetrain's runtime needs, kubetrain.trainer.torch_private) becomes an entry of
+status.runtimeFallbacks, one per feature, and a RuntimeFallback Warning Event, the same way.
 """
 
 from __future__ import annotations
@@ -112,13 +115,18 @@ def recheck(previous: TrainingJobStatus | None, decided: TrainingJobStatus) -> b
 
 def fold(status: TrainingJobStatus, text: str) -> TrainingJobStatus:
     """`status` with the metrics records found in `text` folded into progress, lastCheckpoint,
-    lastCheckpointRefusal and the current attempt's timeline."""
+    lastCheckpointRefusal, runtimeFallbacks and the current attempt's timeline."""
     progress, checkpoint = records.fold(text, status.progress, status.last_checkpoint)
     line = status.timeline
     if line is not None and line.attempt == status.attempt:
         line = records.fold_timeline(text, line)
-    refusal = records.fold_refusal(text, status.last_checkpoint_refusal)
-    update = {"progress": progress, "last_checkpoint": checkpoint, "timeline": line, "last_checkpoint_refusal": refusal}
+    update = {
+        "progress": progress,
+        "last_checkpoint": checkpoint,
+        "timeline": line,
+        "last_checkpoint_refusal": records.fold_refusal(text, status.last_checkpoint_refusal),
+        "runtime_fallbacks": records.fold_fallbacks(text, status.runtime_fallbacks),
+    }
     return status.model_copy(update=update)
 
 
@@ -152,3 +160,14 @@ def refusal_events(previous: TrainingJobStatus, status: TrainingJobStatus) -> li
     """What the controller posts beside writing `status` over the stored `previous`."""
     event = refusal_event(previous.last_checkpoint_refusal, status.last_checkpoint_refusal)
     return [] if event is None else [event]
+
+
+FALLBACK_EVENT = "RuntimeFallback"
+
+
+def fallback_events(previous: TrainingJobStatus, status: TrainingJobStatus) -> list[Event]:
+    """A Warning Event for each runtime fallback `status` holds and the stored `previous` does not."""
+    held = {fallback.feature for fallback in previous.runtime_fallbacks or []}
+    return [
+        Event("Warning", FALLBACK_EVENT, f.message) for f in status.runtime_fallbacks or [] if f.feature not in held
+    ]

@@ -30,8 +30,9 @@ makes the agent:
 
 Where the decision is not an in-place restart (a FailJob rule, no restarts left, a pod lost)
 the pods are deleted and the agent ends with them. The agents never restart on their own.
-Like torchrun_hooks this uses torch's private agent names; a torch without them gets a warning
-and torchrun's own behaviour (the gang is then recreated on a failure).
+Like torchrun_hooks this uses torch's private agent names, through kubetrain.trainer.torch_private:
+a torch without them, or with other parameters, gets torchrun's own behaviour (the gang is then
+recreated on a failure), reported as a RuntimeFallback.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ from kubetrain.api.contract import (
     READY_PATH,
     order_signature,
 )
-from kubetrain.trainer import reach, warmstart
+from kubetrain.trainer import reach, torch_private, warmstart
 
 log = logging.getLogger("kubetrain.agent")
 
@@ -218,10 +219,7 @@ def _handler(port: AgentPort) -> type[http.server.BaseHTTPRequestHandler]:
 def stop(agent: Any, group: Any) -> None:
     """Kill the workers at once: the gang is broken (its state is the last checkpoint), and a
     worker asked politely may wait out a collective with a peer that is gone."""
-    try:
-        agent._shutdown(signal.SIGKILL, STOP_TIMEOUT_S)
-    except TypeError:  # another torch's signature
-        agent._stop_workers(group)
+    torch_private.stop_workers(agent, group, death_sig=signal.SIGKILL, timeout=STOP_TIMEOUT_S)
 
 
 def error_text(message: Any) -> str:
@@ -292,7 +290,7 @@ class InPlace:
 
     def before_start(self, agent: Any, group: Any) -> None:
         # torchrun's restart count becomes the attempt: the same on every node of the gang.
-        agent._remaining_restarts = group.spec.max_restarts - self.attempt
+        torch_private.set_remaining_restarts(agent, group.spec.max_restarts - self.attempt)
         os.environ[ATTEMPT_ENV] = str(self.attempt)
         if not self.preloaded:
             self.preloaded = True
@@ -341,7 +339,7 @@ class InPlace:
 
     def _start(self, agent: Any, group: Any, attempt: int, result: Any) -> Any:
         self.attempt = attempt
-        agent._initialize_workers(group)  # the static rendezvous again, then our before/after hooks
+        torch_private.initialize_workers(agent, group)  # the static rendezvous again, then our before/after hooks
         return type(result)(state=group.state)
 
     def _key(self, *parts: object) -> str:
@@ -463,12 +461,9 @@ def _state(agent: Any) -> InPlace:
 def patch_agent(module: ModuleType) -> None:
     """torch.distributed.elastic.agent.server.local_elastic_agent loaded: wrap the worker start
     and the monitor of LocalElasticAgent."""
-    agent_class = getattr(module, "LocalElasticAgent", None)
-    start: Callable[..., Any] | None = getattr(agent_class, "_start_workers", None)
-    monitor: Callable[..., Any] | None = getattr(agent_class, "_monitor_workers", None)
     states = getattr(module, "WorkerState", None)
-    if agent_class is None or start is None or monitor is None or states is None:
-        log.warning("this torch's elastic agent differs: a failure recreates the gang, not restarting it in place")
+    if states is None:
+        torch_private.fallback(torch_private.IN_PLACE, [f"{module.__name__}.WorkerState"])
         return
 
     try:
@@ -476,25 +471,36 @@ def patch_agent(module: ModuleType) -> None:
     except ImportError:
         stopped = KeyboardInterrupt  # type: ignore[assignment,misc]  # a torch without it: nothing to spare
 
-    def _start_workers(self: Any, worker_group: Any) -> Any:
-        state = _state(self)
-        state.before_start(self, worker_group)
-        started = start(self, worker_group)
-        state.after_start(worker_group, started)
-        return started
+    def wrap_start(start: Callable[..., Any]) -> Callable[..., Any]:
+        def _start_workers(self: Any, worker_group: Any) -> Any:
+            state = _state(self)
+            state.before_start(self, worker_group)
+            started = torch_private.start_workers(start, self, worker_group)
+            state.after_start(worker_group, started)
+            return started
 
-    def _monitor_workers(self: Any, worker_group: Any) -> Any:
-        result = monitor(self, worker_group)
-        try:
-            return _state(self).monitor(self, worker_group, result, states, lambda: monitor(self, worker_group))
-        except stopped:  # the pod is being stopped: torchrun's own handling
-            raise
-        except Exception:  # a bug here: torchrun's own behaviour (a failure then recreates the gang)
-            log.exception("the in-place restart failed; the gang will be recreated")
-            return result
+        return _start_workers
 
-    agent_class._start_workers = _start_workers
-    agent_class._monitor_workers = _monitor_workers
+    def wrap_monitor(monitor: Callable[..., Any]) -> Callable[..., Any]:
+        def _monitor_workers(self: Any, worker_group: Any) -> Any:
+            def poll() -> Any:
+                return torch_private.monitor_workers(monitor, self, worker_group)
+
+            result = poll()
+            try:
+                return _state(self).monitor(self, worker_group, result, states, poll)
+            except stopped:  # the pod is being stopped: torchrun's own handling
+                raise
+            except Exception:  # a bug here: torchrun's own behaviour (a failure then recreates the gang)
+                log.exception("the in-place restart failed; the gang will be recreated")
+                return result
+
+        return _monitor_workers
+
+    torch_private.usable(torch_private.KILL_AT_ONCE, module)  # a fallback said at start-up, not at the first stop
+    # Both or neither: `patch` checks every name of the feature before the first.
+    if torch_private.patch(module, torch_private.IN_PLACE, torch_private.START_WORKERS, wrap_start):
+        torch_private.patch(module, torch_private.IN_PLACE, torch_private.MONITOR_WORKERS, wrap_monitor)
 
 
 NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
@@ -526,20 +532,19 @@ def patch_launch_config(module: ModuleType) -> None:
 def patch_handler(module: ModuleType) -> None:
     """torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler loaded:
     start Python workers as forks of the agent (trainer/warmstart.py)."""
-    handler_class = getattr(module, "SubprocessHandler", None)
-    popen: Callable[..., Any] | None = getattr(handler_class, "_popen", None)
-    if handler_class is None or popen is None:
-        log.warning("this torch starts its workers differently: they start cold")
-        return
 
-    def _popen(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
-        if getattr(self, "_stdout", None) is None and getattr(self, "_stderr", None) is None:
-            forked = warmstart.fork(args, env)
-            if forked is not None:
-                return forked
-        return popen(self, args, env)
+    def wrap(popen: Callable[..., Any]) -> Callable[..., Any]:
+        def _popen(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
+            if not torch_private.output_redirected(self):
+                forked = warmstart.fork(args, env)
+                if forked is not None:
+                    return forked
+            return torch_private.popen(popen, self, args, env)
 
-    handler_class._popen = _popen
+        return _popen
+
+    if torch_private.patch(module, torch_private.WARM_START, torch_private.POPEN, wrap):
+        torch_private.usable(torch_private.FORK_CUDA_CHECK)  # said at start-up, not by a forked worker
 
 
 def patch_static_rendezvous(module: ModuleType) -> None:
@@ -552,7 +557,7 @@ def patch_static_rendezvous(module: ModuleType) -> None:
         return
 
     def next_rendezvous(self: Any) -> Any:
-        if getattr(self, "_store", None) is None and getattr(self, "rank", 0) != 0:
+        if not torch_private.rendezvous_connected(self) and getattr(self, "rank", 0) != 0:
             timeout = getattr(self, "timeout", None)
             seconds = timeout.total_seconds() if timeout is not None else 900.0
             with contextlib.suppress(reach.Unreachable):  # torch's own error says it better

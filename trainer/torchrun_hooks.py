@@ -30,8 +30,10 @@ When they are, two of torch's exit races are closed where a user's script cannot
   not the CUDA runtime, whether there are GPUs: its answer would leave the forks unable to use
   them); see kubetrain.trainer.agent.
 
-The hooks use private torch names; a torch that renamed them gets a warning and torch's own
-behaviour, never a failure.
+The private torch names these hooks and the agent use live behind one wall,
+kubetrain.trainer.torch_private: a torch that renamed one, or changed a parameter kubetrain
+passes, gets torch's own behaviour for that feature, never a failure, and the job says so (a
+`fallback` record, a RuntimeFallback Warning Event).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from kubetrain.trainer import ending
+from kubetrain.trainer import ending, torch_private
 
 log = logging.getLogger("kubetrain.torchrun_hooks")
 
@@ -118,15 +120,8 @@ def _rebind_package(module: ModuleType) -> None:
         setattr(module, "init_process_group", wrapped)  # noqa: B010
 
 
-def exit_barrier_key() -> str | None:
-    """The key, in the run's store, under which torchrun's agents count themselves in at its exit
-    barrier (torch's private names); None where this torch names them otherwise."""
-    try:
-        from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
-        from torch.distributed.elastic.utils.store import _NUM_MEMBERS
-    except ImportError:
-        return None
-    return f"{_TERMINAL_STATE_SYNC_ID}{_NUM_MEMBERS}"
+# kubetrain.trainer.dist holds node 0's workers on the same key.
+exit_barrier_key = torch_private.exit_barrier_key
 
 
 def hold_exit_barrier(
@@ -148,20 +143,22 @@ def hold_exit_barrier(
 
 def _node0_enters_exit_barrier_last(module: ModuleType) -> None:
     """torch.distributed.elastic.agent.server.api loaded: wrap SimpleElasticAgent._exit_barrier."""
-    agent_class = getattr(module, "SimpleElasticAgent", None)
-    original = getattr(agent_class, "_exit_barrier", None)
-    key = exit_barrier_key()
-    if agent_class is None or original is None or key is None:
-        log.warning("this torch's elastic agent differs: torchrun's exit barrier is left as it is")
-        return
 
-    def _exit_barrier(self: Any) -> Any:
-        group, timeout = self._worker_group, self._exit_barrier_timeout
-        if not hold_exit_barrier(self._store, group.group_rank, group.group_world_size, key, timeout):
-            log.warning("not every torchrun agent reached the exit barrier within %s s", timeout)
-        return original(self)
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        key = str(exit_barrier_key())  # there: `patch` checked both of its names
 
-    agent_class._exit_barrier = _exit_barrier
+        def _exit_barrier(self: Any) -> Any:
+            try:
+                store, group, timeout = torch_private.exit_barrier_of(self)
+            except torch_private.Missing:
+                return original(self)
+            if not hold_exit_barrier(store, group.group_rank, group.group_world_size, key, timeout):
+                log.warning("not every torchrun agent reached the exit barrier within %s s", timeout)
+            return original(self)
+
+        return _exit_barrier
+
+    torch_private.patch(module, torch_private.NODE0_LAST, torch_private.EXIT_BARRIER, wrap)
 
 
 def _exit_when_done(module: ModuleType) -> None:
@@ -201,7 +198,8 @@ def _restart_in_place(module: ModuleType) -> None:
         agent.patch_agent(module)
 
 
-def _fork_safe_launch(module: ModuleType) -> None:
+def _launch_config(module: ModuleType) -> None:
+    torch_private.shutdown_timeout_read(module)
     from kubetrain.trainer import agent
 
     if agent.enabled():
@@ -221,7 +219,7 @@ HOOKS: dict[str, Callable[[ModuleType], None]] = {
     "torch.distributed.elastic.agent.server.api": _node0_enters_exit_barrier_last,
     "torch.distributed.elastic.rendezvous.static_tcp_rendezvous": _wait_for_node0,
     "torch.distributed.run": _exit_when_done,
-    "torch.distributed.launcher.api": _fork_safe_launch,
+    "torch.distributed.launcher.api": _launch_config,
     "torch.distributed.elastic.agent.server.local_elastic_agent": _restart_in_place,
     "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler": _warm_workers,
 }

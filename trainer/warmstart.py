@@ -34,13 +34,13 @@ import time
 import traceback
 from collections.abc import Mapping, Sequence
 
-from kubetrain.trainer import ending
+from kubetrain.trainer import ending, torch_private
 
 log = logging.getLogger("kubetrain.agent")
 
 # Imported into the agent before its first workers start. For every script: what a torch
 # training loop imports after `import torch` (an optimizer's first step imports torch._dynamo).
-PRELOAD = ("torch._dynamo", "torch.nn.parallel", "torch.utils.data")
+PRELOAD = (*torch_private.PRELOAD_MODULES, "torch.nn.parallel", "torch.utils.data")
 # For a module run with `-m`: what its workers import besides.
 PRELOAD_FOR_MODULE = {
     "kubetrain.trainer": (
@@ -181,10 +181,9 @@ def _close_sockets() -> None:
 
 def cuda_unusable_after_fork(gpus: int) -> bool:
     """Whether this forked process would fail at its first CUDA call: there are GPUs, and its
-    parent had asked the CUDA runtime about them (torch then marks every later fork)."""
-    torch = sys.modules.get("torch")
-    in_bad_fork = getattr(getattr(torch, "cuda", None), "_is_in_bad_fork", None)
-    return gpus > 0 and in_bad_fork is not None and bool(in_bad_fork())
+    parent had asked the CUDA runtime about them (torch then marks every later fork), or this
+    torch cannot say whether it did."""
+    return gpus > 0 and torch_private.cuda_in_bad_fork() is not False
 
 
 def _become_worker(parsed: tuple[str, str, list[str]], args: list[str], env: Mapping[str, str], gpus: int) -> None:
@@ -198,7 +197,10 @@ def _become_worker(parsed: tuple[str, str, list[str]], args: list[str], env: Map
         _close_sockets()
         if cuda_unusable_after_fork(gpus):
             # The same process (pid) runs the command line cold: right, only not warm.
-            print("[kubetrain] the agent had used CUDA before this fork: starting the worker cold", file=sys.stderr)
+            print(
+                "[kubetrain] the agent used CUDA before this fork (or torch cannot tell): starting the worker cold",
+                file=sys.stderr,
+            )
             sys.stderr.flush()
             os.execve(args[0], args, dict(env))
         atexit._clear()

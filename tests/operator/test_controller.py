@@ -406,6 +406,43 @@ def test_a_refused_checkpoint_is_one_warning_event_however_often_rank_0s_log_is_
     assert kube.statuses[-1]["progress"]["step"] == 50, "the refusal's step is not the job's progress"
 
 
+def test_a_runtime_fallback_is_kept_in_status_and_is_one_warning_event() -> None:
+    """node 0's torchrun agent, on a torch without a private name the in-place restart needs,
+    prints a `fallback` record (kubetrain.trainer.torch_private) beside rank 0's records; the
+    operator keeps one entry per feature in status.runtimeFallbacks and posts it once."""
+    controller, kube = make()
+    controller.jobs[KEY].body["status"] = {"attempt": 0, "replicas": {"active": 2, "ready": 2}}
+    controller.pods = {KEY: [running(controller, 0), running(controller, 1)]}
+    controller.services = {KEY: ["j"]}
+    message = (
+        "torch 2.9.1 has no LocalElasticAgent._start_workers(worker_group): instead of in-place gang restarts, "
+        "torchrun's own restart: a failure recreates the gang"
+    )
+    fallback = json.dumps(
+        {
+            "event": "fallback",
+            "time": 1.8e9,
+            "feature": "in-place-restart",
+            "torch": "2.9.1",
+            "missing": ["LocalElasticAgent._start_workers(worker_group)"],
+            "message": message,
+        }
+    )
+
+    async def logs(namespace: str, name: str) -> str:
+        return "\n".join([fallback, fallback, record("step", step=50)])
+
+    controller.logs.source = logs
+    for _ in range(3):
+        controller.jobs[KEY].reads.progress_at = None  # the interval passed: read again
+        reconcile(controller)
+    assert kube.events.count(("Warning", "RuntimeFallback")) == 1, kube.events
+    assert kube.statuses[-1]["runtimeFallbacks"] == [
+        {"feature": "in-place-restart", "torch": "2.9.1", "message": message, "time": "2027-01-15T08:00:00Z"}
+    ]
+    assert kube.statuses[-1]["progress"]["step"] == 50
+
+
 def test_a_fail_job_rule_is_counted_as_finished_by_its_reason() -> None:
     rule = {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}}
     controller, kube = make(runPolicy={"maxRestarts": 3, "failurePolicy": {"rules": [rule]}})

@@ -218,3 +218,24 @@ def test_a_refused_commit_is_remembered_newest_first_and_moves_no_progress() -> 
     # A record without the attempt or the path names nothing: ignored.
     assert fold_refusal(mark("checkpoint_refused", T, step=40, refused_attempt=1), None) is None
     assert fold_refusal(mark("checkpoint_refused", T, step=40, path="s3://b/x"), None) is None
+
+
+# --- a torchrun agent's runtime fallback (kubetrain.trainer.torch_private) ------------------
+
+
+def test_runtime_fallbacks_are_kept_once_per_feature_and_move_no_progress() -> None:
+    from kubetrain.api.models import RuntimeFallback
+    from kubetrain.api.records import fold_fallbacks
+
+    def fallback(at: float, feature: str, message: str = "m") -> str:
+        return mark("fallback", at, feature=feature, torch="2.9.1", missing=["X._y()"], message=message)
+
+    before, checkpoint = parse(line("step", step=60, loss=1.0))
+    assert parse(fallback(T, "warm-start"), before, checkpoint) == (before, checkpoint)
+    first = fold_fallbacks("a log line\n" + fallback(T, "warm-start"), None)
+    time = datetime(2023, 11, 14, 22, 15, tzinfo=UTC)
+    assert first == [RuntimeFallback(feature="warm-start", torch="2.9.1", message="m", time=time)]
+    assert fold_fallbacks(fallback(T + 5, "warm-start", "later"), first) is first, "one per feature"
+    both = fold_fallbacks(fallback(T + 5, "exit-barrier"), first)
+    assert [f.feature for f in both or []] == ["warm-start", "exit-barrier"]
+    assert fold_fallbacks(mark("fallback", T, torch="2.9.1"), None) is None, "a record naming no feature"
