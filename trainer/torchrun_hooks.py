@@ -24,6 +24,8 @@ When they are, two of torch's exit races are closed where a user's script cannot
 * torchrun's static rendezvous: a node other than 0 waits for node 0's name and port at a short
   fixed interval before torch's store client connects (which retries a name that does not
   resolve yet with growing gaps), see kubetrain.trainer.reach.
+* Progress and hang evidence for a script that reports neither (kubetrain.trainer.step_watch): its
+  optimizer steps beat a hang watchdog on every rank and, on rank 0, print `step` records.
 * The in-place gang restart (runPolicy.restartStrategy InPlace, when KUBETRAIN_ATTEMPT_FILE is
   set): torchrun's agent holds a failed gang and restarts its workers when the pod is moved to
   the next attempt, starting them as forks of itself (torchrun's launch config then asks NVML,
@@ -48,7 +50,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from kubetrain.trainer import ending, torch_private
+from kubetrain.trainer import attempt_store, ending, step_watch, torch_private
 
 log = logging.getLogger("kubetrain.torchrun_hooks")
 
@@ -101,7 +103,13 @@ def _import_nn_before_init(module: ModuleType) -> None:
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         import torch.distributed.nn  # noqa: F401  (see the module docstring)
 
-        return original(*args, **kwargs)
+        # kubetrain.trainer.dist passes a store of its own; a script's call passes none.
+        scripted = kwargs.get("store") is None
+        if attempt_store.needs_prefix(args, kwargs):
+            kwargs = attempt_store.prefixed(kwargs)
+        result = original(*args, **kwargs)
+        step_watch.on_process_group(scripted=scripted)
+        return result
 
     init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
     init_process_group.__doc__ = original.__doc__
@@ -206,6 +214,10 @@ def _launch_config(module: ModuleType) -> None:
         agent.patch_launch_config(module)
 
 
+def _watch_steps(module: ModuleType) -> None:
+    step_watch.on_optimizer_module(module)
+
+
 def _warm_workers(module: ModuleType) -> None:
     from kubetrain.trainer import agent
 
@@ -222,6 +234,7 @@ HOOKS: dict[str, Callable[[ModuleType], None]] = {
     "torch.distributed.launcher.api": _launch_config,
     "torch.distributed.elastic.agent.server.local_elastic_agent": _restart_in_place,
     "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler": _warm_workers,
+    "torch.optim.optimizer": _watch_steps,
 }
 
 
