@@ -14,8 +14,9 @@ built-in trainer reads them), which the first `lib.context()` runs when no group
 `lib.context()` adopts a group the function initialised itself. Setting up before the call
 (as the runner once did) made every Kubeflow-style function fail with "trying to initialize the
 default process group twice"; which kind a function is shows only when it runs (reading its
-source for `init_process_group` would guess, and miss a helper that calls it). A group the function initialised itself has torch's
-defaults and the function's arguments, not the job's timeouts. What kubetrain's own set-up does
+source for `init_process_group` would guess, and miss a helper that calls it). A group the
+function initialised itself has torch's defaults and the function's arguments, not the job's
+timeouts. What kubetrain's own set-up does
 before a group exists still happens first: `torch.distributed.nn` is imported (by
 kubetrain.trainer.dist here, and by the torchrun hooks' wrapper of `init_process_group` in any
 worker), so a group the function destroys is freed and its threads do not outlive it.
