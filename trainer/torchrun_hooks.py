@@ -26,6 +26,9 @@ When they are, two of torch's exit races are closed where a user's script cannot
   resolve yet with growing gaps), see kubetrain.trainer.reach.
 * Progress and hang evidence for a script that reports neither (kubetrain.trainer.step_watch): its
   optimizer steps beat a hang watchdog on every rank and, on rank 0, print `step` records.
+* A Lightning script (kubetrain.trainer.lightning_adapter, unless KUBETRAIN_ADAPTERS=off): progress
+  records, its checkpoints in lastCheckpoint, the zero-loss stop and the watchdog, from a callback
+  every `Trainer` gets in a torchrun worker.
 * The in-place gang restart (runPolicy.restartStrategy InPlace, when KUBETRAIN_ATTEMPT_FILE is
   set): torchrun's agent holds a failed gang and restarts its workers when the pod is moved to
   the next attempt, starting them as forks of itself (torchrun's launch config then asks NVML,
@@ -43,6 +46,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import logging
+import os
 import sys
 import time
 import traceback
@@ -218,6 +222,24 @@ def _watch_steps(module: ModuleType) -> None:
     step_watch.on_optimizer_module(module)
 
 
+# KUBETRAIN_ADAPTERS=off keeps the frameworks' adapters out of a script (set it in the container's
+# command or image: a job's `env` may not set KUBETRAIN_* names); it then runs as without them.
+ADAPTERS_ENV = "KUBETRAIN_ADAPTERS"
+
+
+def adapters_enabled(environ: Any = None) -> bool:
+    value = (os.environ if environ is None else environ).get(ADAPTERS_ENV, "")
+    return value.strip().lower() not in ("off", "0", "false", "no")
+
+
+def _adapt_lightning(module: ModuleType) -> None:
+    """Lightning's trainer module loaded (either package name): kubetrain.trainer.lightning_adapter."""
+    if adapters_enabled():
+        from kubetrain.trainer import lightning_adapter
+
+        lightning_adapter.install(module)
+
+
 def _warm_workers(module: ModuleType) -> None:
     from kubetrain.trainer import agent
 
@@ -235,6 +257,8 @@ HOOKS: dict[str, Callable[[ModuleType], None]] = {
     "torch.distributed.elastic.agent.server.local_elastic_agent": _restart_in_place,
     "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler": _warm_workers,
     "torch.optim.optimizer": _watch_steps,
+    "lightning.pytorch.trainer.trainer": _adapt_lightning,
+    "pytorch_lightning.trainer.trainer": _adapt_lightning,
 }
 
 
