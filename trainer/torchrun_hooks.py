@@ -29,6 +29,8 @@ When they are, two of torch's exit races are closed where a user's script cannot
 * A Lightning script (kubetrain.trainer.lightning_adapter, unless KUBETRAIN_ADAPTERS=off): progress
   records, its checkpoints in lastCheckpoint, the zero-loss stop and the watchdog, from a callback
   every `Trainer` gets in a torchrun worker.
+* A Hugging Face `Trainer` script (kubetrain.trainer.hf_adapter, unless KUBETRAIN_ADAPTERS=off): the
+  same, from a callback added to transformers.trainer's DEFAULT_CALLBACKS.
 * The in-place gang restart (runPolicy.restartStrategy InPlace, when KUBETRAIN_ATTEMPT_FILE is
   set): torchrun's agent holds a failed gang and restarts its workers when the pod is moved to
   the next attempt, starting them as forks of itself (torchrun's launch config then asks NVML,
@@ -240,6 +242,14 @@ def _adapt_lightning(module: ModuleType) -> None:
         lightning_adapter.install(module)
 
 
+def _adapt_transformers(module: ModuleType) -> None:
+    """transformers.trainer (which defines Trainer) loaded: kubetrain.trainer.hf_adapter."""
+    if adapters_enabled():
+        from kubetrain.trainer import hf_adapter
+
+        hf_adapter.install(module)
+
+
 def _warm_workers(module: ModuleType) -> None:
     from kubetrain.trainer import agent
 
@@ -259,6 +269,7 @@ HOOKS: dict[str, Callable[[ModuleType], None]] = {
     "torch.optim.optimizer": _watch_steps,
     "lightning.pytorch.trainer.trainer": _adapt_lightning,
     "pytorch_lightning.trainer.trainer": _adapt_lightning,
+    "transformers.trainer": _adapt_transformers,
 }
 
 

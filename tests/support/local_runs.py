@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +27,22 @@ def start_run(job_file: Path, run_dir: Path, *args: str, cwd: Path | None = None
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def drain(proc: subprocess.Popen[str]) -> tuple[list[str], threading.Thread]:
+    """Read a started run's merged output in a thread, into the list returned (join the thread
+    after the run ends): a run that prints faster than the test reads would block on a full pipe."""
+    lines: list[str] = []
+    stream = proc.stdout
+    assert stream is not None
+
+    def read() -> None:
+        for line in stream:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return lines, reader
 
 
 def finish_run(job_file: Path, run_dir: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
