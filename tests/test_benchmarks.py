@@ -181,3 +181,10 @@ def test_stall_false_positives_benchmark_runs(tmp_path: Path) -> None:
     assert verdict["stalled"] and verdict["blamed_rank"] == 1 and verdict["names_the_line"], verdict
     assert verdict["nodes_with_stacks"] == [0, 1], verdict
     assert result["hang_check"]["outcome"] == "Succeeded", result["hang_check"]
+
+
+def test_framework_adapters_benchmark_runs(tmp_path: Path) -> None:
+    tiny = ("--reps", "1", "--steps", "14", "--plain-steps", "60")
+    result = run_benchmark("framework_adapters.py", tmp_path / "adapters.json", *tiny)
+    assert len(result["summary"]["hf_trainer"]["ratio_per_rep"]) == 1
+    assert result["summary"]["plain_ddp_step_watch"]["hook_us_per_step"] > 0
