@@ -625,11 +625,14 @@ def _converge(run: _Pass, service_exists: bool) -> Decision:
 
 
 def _progress_resumed(run: _Pass) -> None:
-    """Stalled goes False once rank 0 reports progress newer than the stall."""
+    """Stalled goes False once rank 0 reports progress from the stall's second on: records carry
+    whole seconds, and the stalled attempt's last one is at least hangTimeoutSeconds older, so a
+    record of the stall's own second is the restarted gang's (a restart within that second kept
+    the gang Stalled after it trained again)."""
     stalled, progress = get_condition(run.status, "Stalled"), run.status.progress
     if stalled is None or stalled.status != "True" or progress is None or progress.updated_at is None:
         return
-    if progress.updated_at > stalled.last_transition_time:
+    if progress.updated_at >= stalled.last_transition_time.replace(microsecond=0):
         message = f"rank 0 reported step {progress.step} at {stamp(progress.updated_at)}"
         run.condition("Stalled", False, "ProgressResumed", message)
 

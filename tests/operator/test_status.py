@@ -634,6 +634,18 @@ def test_stalled_clears_when_progress_resumes() -> None:
     assert cond(d, "Stalled") == ("False", "ProgressResumed") and "step 7" in message_of(d, "Stalled")
 
 
+def test_progress_in_the_stalls_own_second_clears_it() -> None:
+    # Records carry whole seconds: the restarted gang's first record, logged 0.3 s after a stall
+    # decided at 60.5 s, reads 60 s. It is the new gang's all the same (the stalled one's last
+    # progress is 60 s older).
+    job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60, "startupTimeoutSeconds": 60})
+    job = advance(job, step(job, pods, T0 + timedelta(seconds=60.5)))
+    assert cond(step(job, pods, T0 + timedelta(seconds=60.6)), "Stalled") == ("True", "NoProgress")
+    fresh = [pod_view(job, r, attempt=1, phase="Running") for r in range(3)]
+    d = step(progressed(job, T0 + timedelta(seconds=60), 1), fresh, T0 + timedelta(seconds=60.8))
+    assert cond(d, "Stalled") == ("False", "ProgressResumed")
+
+
 def test_progress_in_the_second_the_attempt_started_running_is_named() -> None:
     job, pods = running_job(runPolicy={"hangTimeoutSeconds": 60})  # Running since T0
     d = step(progressed(job, T0, 3), pods, T0 + timedelta(seconds=60))
