@@ -35,9 +35,7 @@ group and watchdog (which import torch and kubetrain.api) are imported by a work
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -47,20 +45,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
 
-from kubetrain.trainer import step_watch
+from kubetrain.trainer import guest_records
 
 log = logging.getLogger("kubetrain.hf_adapter")
 
-# kubetrain.api.contract's and kubetrain.api.records' names, spelled here: importing those modules
-# imports pydantic into the user's process before its training starts (a test keeps them equal).
-ATTEMPT_ENV = "KUBETRAIN_ATTEMPT"
-CHECKPOINT_DIR_ENV = "KUBETRAIN_CHECKPOINT_DIR"
-METRICS_FILE = "metrics.jsonl"
-
-
-def _clean(value: Any) -> Any:
-    # JSON has no NaN: a diverged loss is reported as null (as kubetrain.trainer.metrics does).
-    return None if isinstance(value, float) and not math.isfinite(value) else value
+# kubetrain.api.contract's and kubetrain.api.records' names, as guest_records spells them.
+ATTEMPT_ENV = guest_records.ATTEMPT_ENV
+CHECKPOINT_DIR_ENV = guest_records.CHECKPOINT_DIR_ENV
+METRICS_FILE = guest_records.METRICS_FILE
 
 
 class Records:
@@ -68,24 +60,11 @@ class Records:
     `<directory>/metrics.jsonl`, which `kubetrain run --local`'s plot reads."""
 
     def __init__(self, directory: str | Path | None, out: TextIO | None = None) -> None:
-        self.path = Path(directory) / METRICS_FILE if directory else None
+        self.directory = directory
         self.out = out
 
     def write(self, event: str, **fields: Any) -> dict[str, Any]:
-        record: dict[str, Any] = {"event": event, "time": time.time()}
-        attempt = os.environ.get(ATTEMPT_ENV, "")
-        if attempt.isdigit():
-            record["attempt"] = int(attempt)
-        record.update({key: _clean(value) for key, value in fields.items()})
-        line = json.dumps(record, separators=(",", ":"))
-        out = self.out or sys.stdout
-        out.write(line + "\n")
-        out.flush()
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a", encoding="utf-8") as file:
-                file.write(line + "\n")
-        return record
+        return guest_records.write(event, out=self.out, directory=self.directory, **fields)
 
 
 def position(state: Any) -> dict[str, int]:
@@ -154,7 +133,7 @@ class Adapter:
         """The Trainer exists, so does the process group its TrainingArguments set up: rank 0
         marks the rendezvous an attempt's timeline and an in-place restart count by (a script's
         own init_process_group leaves it to the adapter, kubetrain.trainer.step_watch)."""
-        if Adapter.rendezvous_marked or not step_watch.is_worker() or int(os.environ["RANK"]) != 0:
+        if Adapter.rendezvous_marked or not guest_records.is_worker() or int(os.environ["RANK"]) != 0:
             return
         world = _world()
         if world is None:
@@ -163,7 +142,7 @@ class Adapter:
         Records(None).write("rendezvous", world_size=world[0], backend=world[1])
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not step_watch.is_worker():
+        if not guest_records.is_worker():
             return
         from kubetrain.trainer.stopping import EXIT_STOPPED
         from kubetrain.trainer.watchdog import HangWatchdog
@@ -251,7 +230,7 @@ class Adapter:
             self.records.write(event, **position(state), **fields)
         except OSError:  # a guest in the user's process: its training goes on without the file
             log.warning("kubetrain could not write its %s record", event, exc_info=True)
-            self.records.path = None
+            self.records.directory = None
 
     def _rates(self, args: Any, step: int) -> dict[str, float]:
         """Samples/s (global) and s/step since the previous log: the progress bar's rate."""

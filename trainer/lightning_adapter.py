@@ -41,56 +41,32 @@ library is imported in a worker only, when its Trainer starts training.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import os
 import sys
-import threading
 import time
-from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from kubetrain.trainer import guest_records
 
 log = logging.getLogger("kubetrain.lightning_adapter")
 
 # rank 0's step records: often enough for the bar and hangTimeoutSeconds, rarely enough to cost
 # nothing whatever `log_every_n_steps` and the step time are.
 RECORD_EVERY_S = 1.0
-ATTEMPT_ENV = "KUBETRAIN_ATTEMPT"  # kubetrain.api.contract's, not imported: it pulls in pydantic
-CHECKPOINT_DIR_ENV = "KUBETRAIN_CHECKPOINT_DIR"
-METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_DIR_ENV = guest_records.CHECKPOINT_DIR_ENV
 STOP_REASON = "signal"
-_write_lock = threading.Lock()
 _rendezvous_written = False
-
-
-def is_worker(environ: Any = None) -> bool:
-    """A process torchrun started for a rank (its agent sets both for every worker)."""
-    env = os.environ if environ is None else environ
-    return bool(env.get("RANK", "").isdigit() and env.get("TORCHELASTIC_RUN_ID"))
+is_worker = guest_records.is_worker
 
 
 def record(event: str, out: Any = None, directory: str | None = None, **fields: Any) -> dict[str, Any]:
     """One record in kubetrain.api.records' format, written as one line to `out` (stdout) and
     appended to `<directory>/metrics.jsonl` (default: $KUBETRAIN_CHECKPOINT_DIR, where set)."""
-    entry: dict[str, Any] = {"event": event, "time": time.time()}
-    attempt = os.environ.get(ATTEMPT_ENV, "")
-    if attempt.isdigit():
-        entry["attempt"] = int(attempt)
-    # JSON has no NaN: a diverged loss is null.
-    entry.update({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in fields.items()})
-    line = json.dumps(entry, separators=(",", ":"), allow_nan=False) + "\n"
     directory = os.environ.get(CHECKPOINT_DIR_ENV) if directory is None else directory
-    with _write_lock:
-        stream = out or sys.stdout
-        stream.write(line)
-        stream.flush()
-        if directory:
-            Path(directory).mkdir(parents=True, exist_ok=True)
-            with open(Path(directory) / METRICS_FILE, "a", encoding="utf-8") as file:
-                file.write(line)
-    return entry
+    return guest_records.write(event, out=out, directory=directory, **fields)
 
 
 def total_steps(trainer: Any) -> int | None:

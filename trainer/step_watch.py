@@ -26,12 +26,13 @@ guest in the user's process: a failure is logged once and the script goes on.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import sys
 import time
 from typing import Any
+
+from kubetrain.trainer import guest_records
 
 log = logging.getLogger("kubetrain.step_watch")
 
@@ -45,13 +46,6 @@ SELF_REPORTING = (
     "kubetrain.trainer.hf_adapter",
     "kubetrain.trainer.lightning_adapter",
 )
-ATTEMPT_ENV = "KUBETRAIN_ATTEMPT"
-
-
-def is_worker(environ: Any = None) -> bool:
-    """A process torchrun started for a rank (its agent sets both for every worker)."""
-    env = os.environ if environ is None else environ
-    return bool(env.get("RANK", "").isdigit() and env.get("TORCHELASTIC_RUN_ID"))
 
 
 def self_reporting() -> bool:
@@ -138,15 +132,9 @@ class StepWatch:
         self.write({"event": "step", "step": step, "source": "optimizer"})
 
     def write(self, fields: dict[str, Any]) -> None:
-        """One record (kubetrain.api.records' format, as kubetrain.trainer.metrics writes it)."""
-        record: dict[str, Any] = {"event": fields["event"], "time": time.time()}
-        attempt = os.environ.get(ATTEMPT_ENV, "")
-        if attempt.isdigit():
-            record["attempt"] = int(attempt)
-        record.update(fields)
-        out = self.out or sys.stdout
-        out.write(json.dumps(record, separators=(",", ":")) + "\n")
-        out.flush()
+        """One record on stdout (kubetrain.trainer.guest_records)."""
+        fields = dict(fields)
+        guest_records.write(fields.pop("event"), out=self.out, **fields)
 
 
 _watch: StepWatch | None = None
@@ -155,7 +143,7 @@ _watch: StepWatch | None = None
 def current() -> StepWatch | None:
     """This worker's StepWatch (created on first use); None outside a torchrun worker."""
     global _watch
-    if _watch is None and is_worker():
+    if _watch is None and guest_records.is_worker():
         _watch = StepWatch(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0") or 0))
     return _watch
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kubetrain.api.records import fold
-from kubetrain.trainer import step_watch
+from kubetrain.trainer import guest_records, step_watch
 from kubetrain.trainer.step_watch import RECORD_EVERY_S, StepWatch
 
 pytestmark = pytest.mark.unit
@@ -137,4 +137,4 @@ def test_a_broken_hook_is_silenced_not_raised(caplog: pytest.LogCaptureFixture) 
     ],
 )
 def test_only_torchrun_workers_are_followed(env: dict[str, str], worker: bool) -> None:
-    assert step_watch.is_worker(env) is worker
+    assert guest_records.is_worker(env) is worker

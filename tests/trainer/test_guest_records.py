@@ -1,0 +1,48 @@
+"""kubetrain.trainer.guest_records: the records written from inside a user's process."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kubetrain.api import contract, records
+from kubetrain.trainer import guest_records
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_names_are_the_contracts() -> None:
+    assert guest_records.ATTEMPT_ENV == contract.ATTEMPT_ENV
+    assert guest_records.CHECKPOINT_DIR_ENV == contract.CHECKPOINT_DIR_ENV
+    assert guest_records.METRICS_FILE == records.METRICS_FILE
+
+
+def test_a_record_goes_to_the_stream_and_the_metrics_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(contract.ATTEMPT_ENV, "3")
+    out = io.StringIO()
+    guest_records.write("step", out=out, directory=tmp_path / "ckpt", step=7, loss=float("nan"))
+    (line,) = out.getvalue().splitlines()
+    assert (tmp_path / "ckpt" / records.METRICS_FILE).read_text() == line + "\n"
+    record = records.parse_record(line)
+    assert record is not None and (record["attempt"], record["step"], record["loss"]) == (3, 7, None)
+    guest_records.write("step", out=out, step=8)  # no directory: the stream only
+    assert len((tmp_path / "ckpt" / records.METRICS_FILE).read_text().splitlines()) == 1
+
+
+def test_importing_it_imports_no_pydantic() -> None:
+    code = "import sys, kubetrain.trainer.guest_records; print('pydantic' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
+
+
+def test_one_line_per_record_json() -> None:
+    out = io.StringIO()
+    guest_records.write("done", out=out, step=1)
+    assert json.loads(out.getvalue())["event"] == "done"

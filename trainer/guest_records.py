@@ -1,0 +1,60 @@
+"""Records written from inside a user's process (kubetrain.trainer.step_watch and the framework
+adapters): kubetrain.api.records' format, with the standard library only — kubetrain.api and
+kubetrain.trainer.metrics import pydantic, which a script's own environment need not have, and
+which should not load into its process before its training does.
+
+The names below are kubetrain.api.contract's and kubetrain.api.records', spelled again for that
+reason; tests/trainer/test_guest_records.py keeps them equal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+ATTEMPT_ENV = "KUBETRAIN_ATTEMPT"
+CHECKPOINT_DIR_ENV = "KUBETRAIN_CHECKPOINT_DIR"
+METRICS_FILE = "metrics.jsonl"
+
+# Records also come from a callback's thread or a hook: one line at a time.
+_lock = threading.Lock()
+
+
+def is_worker(environ: Mapping[str, str] | None = None) -> bool:
+    """A process torchrun started for a rank (its agent sets both for every worker)."""
+    env = os.environ if environ is None else environ
+    return bool(env.get("RANK", "").isdigit() and env.get("TORCHELASTIC_RUN_ID"))
+
+
+def _clean(value: Any) -> Any:
+    # JSON has no NaN: a diverged loss is reported as null (as kubetrain.trainer.metrics does).
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def write(
+    event: str, *, out: TextIO | None = None, directory: str | Path | None = None, **fields: Any
+) -> dict[str, Any]:
+    """One record as one line on `out` (stdout), appended to `<directory>/metrics.jsonl` too where
+    a directory is given (the file `kubetrain run --local`'s summary and plot read)."""
+    record: dict[str, Any] = {"event": event, "time": time.time()}
+    attempt = os.environ.get(ATTEMPT_ENV, "")
+    if attempt.isdigit():
+        record["attempt"] = int(attempt)
+    record.update({key: _clean(value) for key, value in fields.items()})
+    line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
+    with _lock:
+        stream = out or sys.stdout
+        stream.write(line)
+        stream.flush()
+        if directory:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            with (Path(directory) / METRICS_FILE).open("a", encoding="utf-8") as file:
+                file.write(line)
+    return record
