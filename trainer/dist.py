@@ -302,6 +302,14 @@ def current() -> DistContext:
     )
 
 
+def current_or_alone() -> DistContext:
+    """`current()` where a default process group exists, else a world of one on the CPU: what a
+    framework's Trainer runs in (kubetrain.trainer's adapters' stop vote), with or without a group."""
+    if initialized():
+        return current()
+    return DistContext(env=read_env(), backend="none", device=torch.device("cpu"))
+
+
 def adopt() -> DistContext:
     """The DistContext of a default process group initialised by someone else: its backend, rank
     and world size, this process's device (cuda:LOCAL_RANK with nccl), the rest of the env contract."""

@@ -58,3 +58,29 @@ def write(
             with (Path(directory) / METRICS_FILE).open("a", encoding="utf-8") as file:
                 file.write(line)
     return record
+
+
+def world() -> tuple[int, str] | None:
+    """(world size, backend) of the default process group; None where there is none (torch.distributed
+    is not even imported, or no group was made)."""
+    torch_dist = sys.modules.get("torch.distributed")
+    if torch_dist is None or not torch_dist.is_available() or not torch_dist.is_initialized():
+        return None
+    return int(torch_dist.get_world_size()), str(torch_dist.get_backend())
+
+
+_rendezvous_marked = False
+
+
+def rendezvous() -> bool:
+    """Rank 0 of a torchrun worker marks its process group's existence once per process: the
+    `rendezvous` record an attempt's timeline and an in-place restart go by (on stdout only, as
+    kubetrain.trainer.dist marks it: metrics.jsonl holds the training's records). Whichever of
+    step_watch and the adapters sees the group first writes it. True when written now."""
+    global _rendezvous_marked
+    found = world()
+    if _rendezvous_marked or found is None or not is_worker() or os.environ.get("RANK") != "0":
+        return False
+    _rendezvous_marked = True
+    write("rendezvous", world_size=found[0], backend=found[1])
+    return True

@@ -110,8 +110,6 @@ class Adapter:
     prefix = "checkpoint"
     # kubetrain.trainer.stopping.EXIT_STOPPED (imported with torch, so not at import time here).
     exit_code = 128 + signal.SIGTERM
-    # The rendezvous mark is printed once per process, by the first Trainer made after its group.
-    rendezvous_marked = False
 
     def __init__(self) -> None:
         self.active = False
@@ -133,13 +131,7 @@ class Adapter:
         """The Trainer exists, so does the process group its TrainingArguments set up: rank 0
         marks the rendezvous an attempt's timeline and an in-place restart count by (a script's
         own init_process_group leaves it to the adapter, kubetrain.trainer.step_watch)."""
-        if Adapter.rendezvous_marked or not guest_records.is_worker() or int(os.environ["RANK"]) != 0:
-            return
-        world = _world()
-        if world is None:
-            return
-        Adapter.rendezvous_marked = True
-        Records(None).write("rendezvous", world_size=world[0], backend=world[1])
+        guest_records.rendezvous()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not guest_records.is_worker():
@@ -157,7 +149,7 @@ class Adapter:
         self.handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         self.stop = _stop_signal()  # collective with NCCL (its gloo group): every rank is here
         self.window = (time.monotonic(), int(state.global_step))
-        world = _world() or (1, "none")
+        world = guest_records.world() or (1, "none")
         resumed = None
         if state.global_step > 0:
             found = checkpoint_path(args.output_dir, self.prefix, int(state.global_step))
@@ -262,25 +254,12 @@ def _leave(code: int) -> None:
     ending.leave(code)
 
 
-def _world() -> tuple[int, str] | None:
-    """(world size, backend) of the default process group, None when there is none."""
-    torch_dist = sys.modules.get("torch.distributed")
-    if torch_dist is None or not torch_dist.is_available() or not torch_dist.is_initialized():
-        return None
-    return int(torch_dist.get_world_size()), str(torch_dist.get_backend())
-
-
 def _stop_signal() -> Any:
-    """kubetrain's stop vote on the process group the Trainer's arguments set up (adopted), or a
-    world of one where there is none."""
-    import torch
-
+    """kubetrain's stop vote on the process group the Trainer's arguments set up."""
     from kubetrain.trainer import dist
     from kubetrain.trainer.stopping import StopSignal
 
-    if dist.initialized():
-        return StopSignal(dist.current())
-    return StopSignal(dist.DistContext(env=dist.read_env(), backend="gloo", device=torch.device("cpu")))
+    return StopSignal(dist.current_or_alone())
 
 
 def install(module: ModuleType) -> None:

@@ -58,7 +58,6 @@ log = logging.getLogger("kubetrain.lightning_adapter")
 RECORD_EVERY_S = 1.0
 CHECKPOINT_DIR_ENV = guest_records.CHECKPOINT_DIR_ENV
 STOP_REASON = "signal"
-_rendezvous_written = False
 is_worker = guest_records.is_worker
 
 
@@ -141,12 +140,7 @@ class Adapter:
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """The process group exists (Lightning made it in its strategy's set-up): the mark an
         in-place restart counts as done at (kubetrain.trainer.step_watch leaves it to us)."""
-        global _rendezvous_written
-        if _rendezvous_written or trainer.global_rank != 0 or not is_worker():
-            return
-        _rendezvous_written = True
-        # On stdout only, as kubetrain.trainer.dist marks it: metrics.jsonl holds the training's records.
-        record("rendezvous", directory="", world_size=trainer.world_size, backend=_backend())
+        guest_records.rendezvous()
 
     def state_dict(self) -> dict[str, Any]:
         # Only the stop's save says why it was made; the resume record repeats it.
@@ -164,13 +158,13 @@ class Adapter:
             log.warning("kubetrain's Lightning adapter is off for this fit", exc_info=True)
 
     def _start(self, trainer: Any) -> None:
-        from kubetrain.trainer import stopping, watchdog
+        from kubetrain.trainer import dist, stopping, watchdog
 
         self.rank = trainer.global_rank
         self.total = total_steps(trainer)
         self.watchdog = watchdog.HangWatchdog(trainer.local_rank)
         self.watchdog.beat()
-        self.stop = stopping.StopSignal(_context())
+        self.stop = stopping.StopSignal(dist.current_or_alone())
         self._stepped = trainer.global_step
         resumed = _absolute(trainer.ckpt_path) if trainer.ckpt_path is not None else None
         self._emit(trainer, "start", world_size=trainer.world_size, backend=_backend(), resumed_from=resumed)
@@ -225,22 +219,9 @@ def _absolute(path: Any) -> str:
     return text if "://" in text else os.path.abspath(text)
 
 
-def _context() -> Any:
-    """The stop vote's DistContext: the process group Lightning made (DDP), else a world of one (a
-    single-device Trainer under torchrun makes none)."""
-    import torch
-
-    from kubetrain.trainer import dist
-
-    if dist.initialized():
-        return dist.current()
-    return dist.DistContext(env=dist.read_env(), backend="none", device=torch.device("cpu"))
-
-
 def _backend() -> str | None:
-    import torch.distributed as dist
-
-    return str(dist.get_backend()) if dist.is_available() and dist.is_initialized() else None
+    found = guest_records.world()
+    return found[1] if found is not None else None
 
 
 _classes: dict[type, type] = {}

@@ -129,12 +129,7 @@ class StepWatch:
 
     def record(self, step: int) -> None:
         self._recorded = step
-        self.write({"event": "step", "step": step, "source": "optimizer"})
-
-    def write(self, fields: dict[str, Any]) -> None:
-        """One record on stdout (kubetrain.trainer.guest_records)."""
-        fields = dict(fields)
-        guest_records.write(fields.pop("event"), out=self.out, **fields)
+        guest_records.write("step", out=self.out, step=step, source="optimizer")
 
 
 _watch: StepWatch | None = None
@@ -168,11 +163,7 @@ def on_process_group(scripted: bool = True) -> None:
         watch = current()
         if watch is not None:
             watch.arm()
-            if scripted and watch.rank == 0 and not self_reporting():
-                import torch.distributed as dist
-
-                watch.write(
-                    {"event": "rendezvous", "world_size": dist.get_world_size(), "backend": str(dist.get_backend())}
-                )
+            if scripted and not self_reporting():
+                guest_records.rendezvous()
     except Exception:  # the user's process group exists; never fail its creation
         log.warning("kubetrain could not arm the hang watchdog", exc_info=True)

@@ -46,3 +46,22 @@ def test_one_line_per_record_json() -> None:
     out = io.StringIO()
     guest_records.write("done", out=out, step=1)
     assert json.loads(out.getvalue())["event"] == "done"
+
+
+def test_the_rendezvous_is_marked_once_per_process_by_rank_0_of_a_worker(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(guest_records, "_rendezvous_marked", False)
+    monkeypatch.setattr(guest_records, "world", lambda: (2, "gloo"))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "j")
+    monkeypatch.setenv("RANK", "1")
+    assert not guest_records.rendezvous()  # not rank 0
+    monkeypatch.setenv("RANK", "0")
+    assert guest_records.rendezvous() and not guest_records.rendezvous()  # step_watch, then an adapter
+    (line,) = capsys.readouterr().out.splitlines()
+    record = records.parse_record(line)
+    assert record is not None and (record["event"], record["world_size"], record["backend"]) == (
+        "rendezvous",
+        2,
+        "gloo",
+    )
