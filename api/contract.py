@@ -5,6 +5,9 @@ and read back by the trainer. torchrun reads the `PET_*` mirror, so a bare `torc
 script.py` in a pod needs no flags; it then sets RANK, LOCAL_RANK and LOCAL_WORLD_SIZE per
 process. A single-process pod also carries RANK and LOCAL_RANK so that a plain
 `python script.py` with `init_process_group("env://")` works without torchrun.
+
+Standard library only, and on the oldest Python a user's image may carry (3.10): the runtime that
+runs beside user code (kubetrain.trainer.runtime_bundle) reads these names in any image.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ import hmac
 import socket
 from collections.abc import Collection
 
-from kubetrain.api.training import CONFIG_ENV
-
+# The built-in trainer's whole configuration, one JSON document (kubetrain.api.training).
+CONFIG_ENV = "KUBETRAIN_CONFIG"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 NNODES = "NNODES"

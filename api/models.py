@@ -427,8 +427,8 @@ class RunPolicy(StrictModel):
             "How a gang restart runs when every pod of the gang is still there. `InPlace` (default): the pods "
             "stay and the torchrun agent in each restarts its workers (a Python exception, a crashed or stalled "
             "worker); a lost, deleted or evicted pod, or an in-place attempt that does not rendezvous in time, "
-            "recreates the gang. Needs kubetrain's torchrun hooks in the image (the trainer image, or "
-            "`kubetrain run --local`); a pod without them never turns Ready and its failures recreate the gang. "
+            "recreates the gang. Needs kubetrain's torchrun hooks, which every pod gets (spec.runtime.inject, or "
+            "an image with kubetrain); a pod without them never turns Ready and its failures recreate the gang. "
             "`Recreate`: every restart deletes and recreates the pods."
         ),
     )
@@ -457,6 +457,19 @@ _CREDENTIALS_TWICE = (
     f"env may not set {', '.join(OBJECT_STORE_CREDENTIALS[:-1])} or {OBJECT_STORE_CREDENTIALS[-1]} while "
     "checkpoint.objectStore.credentialsSecret gives them: set the credentials in one place"
 )
+
+
+class RuntimeSpec(StrictModel):
+    inject: bool = Field(
+        True,
+        description=(
+            "Give the trainer container kubetrain's runtime (torchrun hooks, in-place restart agent, stop vote, "
+            "hang watchdog, Hugging Face and Lightning adapters) from an init container, loaded through "
+            "PYTHONPATH, so that an image without kubetrain gets them; an image with kubetrain uses its own. "
+            "false: the image's Python is left as it is (an image without kubetrain then gets no in-place "
+            "restart: use runPolicy.restartStrategy Recreate). See docs/images.md."
+        ),
+    )
 
 
 class TrainingJobSpec(StrictModel):
@@ -568,6 +581,11 @@ class TrainingJobSpec(StrictModel):
     scheduling: SchedulingSpec = Field(
         default_factory=SchedulingSpec,
         description="Gang scheduling of the pods (see docs/scheduling.md).",
+        json_schema_extra={"default": {}},
+    )
+    runtime: RuntimeSpec = Field(
+        default_factory=RuntimeSpec,
+        description="kubetrain's runtime in images that lack it (see docs/images.md).",
         json_schema_extra={"default": {}},
     )
     template: PodTemplate | None = Field(

@@ -46,6 +46,11 @@ SHM_PATH = "/dev/shm"
 POD_INFO_VOLUME = "kubetrain-pod"
 POD_INFO_PATH = "/etc/kubetrain-pod"
 ATTEMPT_FILE = "attempt"
+# kubetrain's runtime for images that lack it (kubetrain.trainer.runtime_bundle): an init container
+# of this name copies it into this volume, mounted read-only in the trainer at this path.
+RUNTIME_VOLUME = "kubetrain-runtime"
+RUNTIME_CONTAINER = "kubetrain-runtime"
+RUNTIME_PATH = "/kubetrain-runtime"
 AGENT_PORT_NAME = "agent"
 MASTER_PORT_NAME = "rendezvous"
 

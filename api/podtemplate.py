@@ -38,8 +38,9 @@ from kubetrain.api.training import StrictModel
 
 # The CRD generator (crd.py) replaces a node carrying this key with the vendored schema.
 VENDORED_MARK = "x-kubetrain-vendored"
-OWN_VOLUMES = (naming.CHECKPOINT_VOLUME, naming.SHM_VOLUME, naming.POD_INFO_VOLUME)
-OWN_PATHS = (naming.SHM_PATH, naming.POD_INFO_PATH)  # and checkpoint.dir
+OWN_VOLUMES = (naming.CHECKPOINT_VOLUME, naming.SHM_VOLUME, naming.POD_INFO_VOLUME, naming.RUNTIME_VOLUME)
+OWN_PATHS = (naming.SHM_PATH, naming.POD_INFO_PATH, naming.RUNTIME_PATH)  # and checkpoint.dir
+OWN_INIT_CONTAINERS = (naming.CONTAINER_NAME, naming.RUNTIME_CONTAINER)
 OWNED_LABELS = (
     naming.LABEL_JOB,
     naming.LABEL_JOB_UID,
@@ -202,8 +203,8 @@ class TemplatePodSpec(StrictModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 _rule(
-                    f"self.all(c, c.name != '{naming.CONTAINER_NAME}')",
-                    f"the name {naming.CONTAINER_NAME} is the trainer container's",
+                    "self.all(c, !(c.name in " + repr(list(OWN_INIT_CONTAINERS)) + "))",
+                    "the names " + " and ".join(OWN_INIT_CONTAINERS) + " are kubetrain's containers",
                 ),
                 _rule("self.all(c, has(c.image))", "every init container needs an image"),
                 _rule(
@@ -272,8 +273,10 @@ class TemplatePodSpec(StrictModel):
     @classmethod
     def _init_containers(cls, containers: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
         for index, container in enumerate(containers or []):
-            if container.get("name") == naming.CONTAINER_NAME:
-                raise ValueError(f"[{index}].name: the name {naming.CONTAINER_NAME} is the trainer container's")
+            if container.get("name") in OWN_INIT_CONTAINERS:
+                raise ValueError(
+                    f"[{index}].name: the names {' and '.join(OWN_INIT_CONTAINERS)} are kubetrain's containers"
+                )
             if "image" not in container:
                 raise ValueError(f"[{index}].image: every init container needs an image")
             if container.get("restartPolicy", "Always") != "Always":

@@ -45,26 +45,11 @@ from kubetrain.api.models import (
     RuntimeFallback,
     Timeline,
 )
-
-REFUSED = "checkpoint_refused"
-FALLBACK = "fallback"
-EVENTS = (
-    "start",
-    "step",
-    "eval",
-    "checkpoint",
-    "resume",
-    "preflight",
-    "done",
-    REFUSED,
-    "rendezvous",
-    "launch",
-    "failure",
-    FALLBACK,
-)
-# Records of an attempt's start-up and end, and of the runtime's fallbacks: not training progress.
-MARKS = ("rendezvous", "launch", "failure", FALLBACK)
-METRICS_FILE = "metrics.jsonl"
+from kubetrain.api.record_format import EVENTS as EVENTS
+from kubetrain.api.record_format import FALLBACK as FALLBACK
+from kubetrain.api.record_format import MARKS as MARKS
+from kubetrain.api.record_format import METRICS_FILE as METRICS_FILE
+from kubetrain.api.record_format import REFUSED as REFUSED
 
 
 def parse_record(line: str) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-CONFIG_ENV = "KUBETRAIN_CONFIG"
+from kubetrain.api.contract import CONFIG_ENV as CONFIG_ENV
 
 Backend = Literal["auto", "nccl", "gloo"]
 

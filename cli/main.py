@@ -212,6 +212,14 @@ def operator_(
     trainer_image: Annotated[
         str, typer.Option(envvar="KUBETRAIN_TRAINER_IMAGE", help="Image for TrainingJobs that set no spec.image.")
     ] = DEFAULTS.render.default_image,
+    runtime_image: Annotated[
+        str,
+        typer.Option(
+            envvar="KUBETRAIN_RUNTIME_IMAGE",
+            help="Image of the init container that gives training pods kubetrain's runtime (spec.runtime.inject); "
+            "empty: no pod gets it.",
+        ),
+    ] = DEFAULTS.render.runtime_image,
     cluster_domain: Annotated[
         str, typer.Option(envvar="KUBETRAIN_CLUSTER_DOMAIN", help="Cluster DNS domain of the rendezvous address.")
     ] = DEFAULTS.render.cluster_domain,
@@ -329,7 +337,7 @@ def operator_(
         raise typer.BadParameter(str(error)) from None
     settings = OperatorSettings(
         namespaces=tuple(n.strip() for n in namespaces.split(",") if n.strip()),
-        render=RenderSettings(cluster_domain=cluster_domain, default_image=trainer_image),
+        render=RenderSettings(cluster_domain=cluster_domain, default_image=trainer_image, runtime_image=runtime_image),
         stuck_timeout_seconds=stuck_timeout,
         straggler_timeout_seconds=straggler_timeout,
         progress_interval_seconds=progress_interval,

@@ -36,7 +36,10 @@ CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 PYTHONPATH = "PYTHONPATH"
-# A sitecustomize that loads kubetrain.trainer.torchrun_hooks: what the trainer image's .pth does.
+
+# The runtime's loader (a sitecustomize that loads kubetrain.trainer.torchrun_hooks): what the
+# trainer image's .pth does; the operator's init container copies it into other images
+# (kubetrain.trainer.runtime_bundle).
 SITE_DIR = Path(__file__).resolve().parent / "site"
 SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 # What the trainer's object-store client (obstore) reads besides the credentials themselves (it reads

@@ -38,6 +38,11 @@ from kubetrain.local.localize import (
 )
 from kubetrain.local.volumes import NO_CHOICES, LocalChoices, LocalVolumes, plan_volumes
 from kubetrain.operator.render import render_pods
+from kubetrain.operator.settings import RenderSettings
+
+# A local node loads kubetrain's runtime itself (its PYTHONPATH starts with the runtime's loader,
+# localize.SITE_DIR): the pods are rendered without the operator's runtime init container.
+LOCAL_RENDER = RenderSettings(runtime_image="")
 
 LOCAL_NAMESPACE = "default"
 ATTEMPTS_SUBDIR = "attempts"
@@ -134,7 +139,7 @@ class LocalPlan:
         return max(1, (os.cpu_count() or 1) // self.job.spec.world_size)
 
     def pods(self, attempt: int) -> list[dict[str, Any]]:
-        return render_pods(self.job, self.job.metadata.namespace or LOCAL_NAMESPACE, self.uid, attempt)
+        return render_pods(self.job, self.job.metadata.namespace or LOCAL_NAMESPACE, self.uid, attempt, LOCAL_RENDER)
 
     def nodes(self, attempt: int, master_port: int) -> list[NodeProcess]:
         """The localized node processes of one gang attempt."""

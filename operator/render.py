@@ -195,6 +195,59 @@ def _in_place_pod(job: TrainingJob, container: dict[str, Any], pod_spec: dict[st
     )
 
 
+# The runtime's init container: restricted whatever the template says about the trainer's user (it
+# runs the operator image, whose user is 10001), and small (it copies ~20 files).
+RUNTIME_SECURITY: dict[str, Any] = {
+    **CONTAINER_SECURITY,
+    "runAsUser": RUN_AS_USER,
+    "runAsGroup": RUN_AS_USER,
+    "seccompProfile": SECCOMP,
+}
+RUNTIME_RESOURCES = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "1", "memory": "128Mi"}}
+RUNTIME_COMMAND = ("python", "-m", "kubetrain.trainer.runtime_bundle", naming.RUNTIME_PATH)
+PYTHONPATH = "PYTHONPATH"
+# A job's own PYTHONPATH from a valueFrom source goes under this name, which the runtime's refers to.
+JOB_PYTHONPATH = "KUBETRAIN_JOB_PYTHONPATH"
+
+
+def injects_runtime(job: TrainingJob, settings: RenderSettings) -> bool:
+    return job.spec.runtime.inject and bool(settings.runtime_image)
+
+
+def _runtime(job: TrainingJob, container: dict[str, Any], pod_spec: dict[str, Any], settings: RenderSettings) -> None:
+    """kubetrain's runtime for an image that may lack it (kubetrain.trainer.runtime_bundle): an init
+    container of the operator image copies it into an emptyDir, and PYTHONPATH starts with its
+    loader, which uses the image's own kubetrain where there is one. The job's own PYTHONPATH
+    follows it; the image's (its ENV) is replaced, as any container env replaces it (docs/images.md)."""
+    if not injects_runtime(job, settings):
+        return
+    pod_spec["initContainers"] = [
+        {
+            "name": naming.RUNTIME_CONTAINER,
+            "image": settings.runtime_image,
+            "imagePullPolicy": "IfNotPresent",
+            "command": list(RUNTIME_COMMAND),
+            "volumeMounts": [{"name": naming.RUNTIME_VOLUME, "mountPath": naming.RUNTIME_PATH}],
+            "resources": copy.deepcopy(RUNTIME_RESOURCES),
+            "securityContext": copy.deepcopy(RUNTIME_SECURITY),
+        }
+    ]
+    pod_spec["volumes"].append({"name": naming.RUNTIME_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}})
+    container["volumeMounts"].append(
+        {"name": naming.RUNTIME_VOLUME, "mountPath": naming.RUNTIME_PATH, "readOnly": True}
+    )
+    site = f"{naming.RUNTIME_PATH}/site"
+    env: list[dict[str, Any]] = container["env"]
+    own = next((var for var in env if var["name"] == PYTHONPATH), None)
+    if own is None:
+        env.append({"name": PYTHONPATH, "value": site})
+    elif "value" in own:
+        own["value"] = f"{site}:{own['value']}" if own["value"] else site
+    else:  # valueFrom: known only in the pod, so referred to by name
+        own["name"] = JOB_PYTHONPATH
+        env.append({"name": PYTHONPATH, "value": f"{site}:$({JOB_PYTHONPATH})"})
+
+
 def _credentials_env(job: TrainingJob) -> list[dict[str, Any]]:
     """checkpoint.objectStore.credentialsSecret's keys as the variables obstore reads. By
     reference only: no credential is ever part of the pod, the job, its status or an Event, and
@@ -330,6 +383,7 @@ def render_pod(
         ],
     }
     _in_place_pod(job, container, pod_spec)
+    _runtime(job, container, pod_spec, settings)
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
     if spec.node_selector:
@@ -419,8 +473,9 @@ def merge_template(pod: dict[str, Any], template: PodTemplate) -> dict[str, Any]
     pod_spec.update({field: given[field] for field in PASSED_THROUGH if field in given})
     pod_spec["volumes"] += given.get("volumes", [])
     if "initContainers" in given:
-        # The same restricted hardening as the trainer's, under each container's own settings.
-        pod_spec["initContainers"] = [
+        # The same restricted hardening as the trainer's, under each container's own settings; after
+        # the runtime's, so that theirs may use it too.
+        pod_spec["initContainers"] = pod_spec.get("initContainers", []) + [
             {**c, "securityContext": {**copy.deepcopy(container_security), **c.get("securityContext", {})}}
             for c in given["initContainers"]
         ]

@@ -17,6 +17,10 @@ class RenderSettings:
 
     cluster_domain: str = "cluster.local"
     default_image: str = "kubetrain/trainer:0.1.0"
+    # The image of the init container that copies kubetrain's runtime into every training pod
+    # (spec.runtime.inject): the operator's own (it holds the kubetrain package). Empty: no pod
+    # gets it (the chart's operator.injectRuntime false; `kubetrain run --local` loads it itself).
+    runtime_image: str = "kubetrain/operator:0.1.0"
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,8 @@
 """Records written from inside a user's process (kubetrain.trainer.step_watch and the framework
-adapters): kubetrain.api.records' format, with the standard library only — kubetrain.api and
-kubetrain.trainer.metrics import pydantic, which a script's own environment need not have, and
-which should not load into its process before its training does.
-
-The names below are kubetrain.api.contract's and kubetrain.api.records', spelled again for that
-reason; tests/trainer/test_guest_records.py keeps them equal.
+adapters): kubetrain.api.records' format, with the standard library only — kubetrain.api.records
+and kubetrain.trainer.metrics import pydantic, which a script's own environment need not have, and
+which should not load into its process before its training does. The names come from the two
+standard-library modules of kubetrain.api (contract, record_format), which the runtime carries.
 """
 
 from __future__ import annotations
@@ -19,9 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-ATTEMPT_ENV = "KUBETRAIN_ATTEMPT"
-CHECKPOINT_DIR_ENV = "KUBETRAIN_CHECKPOINT_DIR"
-METRICS_FILE = "metrics.jsonl"
+from kubetrain.api.contract import ATTEMPT_ENV as ATTEMPT_ENV
+from kubetrain.api.contract import CHECKPOINT_DIR_ENV as CHECKPOINT_DIR_ENV
+from kubetrain.api.record_format import METRICS_FILE as METRICS_FILE
 
 # Records also come from a callback's thread or a hook: one line at a time.
 _lock = threading.Lock()

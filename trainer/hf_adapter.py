@@ -49,7 +49,7 @@ from kubetrain.trainer import guest_records
 
 log = logging.getLogger("kubetrain.hf_adapter")
 
-# kubetrain.api.contract's and kubetrain.api.records' names, as guest_records spells them.
+# kubetrain.api.contract's and kubetrain.api.record_format's names.
 ATTEMPT_ENV = guest_records.ATTEMPT_ENV
 CHECKPOINT_DIR_ENV = guest_records.CHECKPOINT_DIR_ENV
 METRICS_FILE = guest_records.METRICS_FILE

@@ -1,5 +1,5 @@
-"""Rank-0 metrics records (written here; their format and parser live in
-`kubetrain.api.records`) and per-rank log lines. Humans read stderr. Other ranks print nothing
+"""Rank-0 metrics records (written here; their names live in `kubetrain.api.record_format`, their
+parser in `kubetrain.api.records`) and per-rank log lines. Humans read stderr. Other ranks print nothing
 on stdout, and only warnings and errors, prefixed with their rank, on stderr.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kubetrain.api.contract import ATTEMPT_ENV
-from kubetrain.api.records import EVENTS, MARKS, METRICS_FILE
+from kubetrain.api.record_format import EVENTS, MARKS, METRICS_FILE
 
 log = logging.getLogger("kubetrain.trainer")
 # Records also come from a background thread (an object-store checkpoint's commit): one line at a time.

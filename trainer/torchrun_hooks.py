@@ -1,7 +1,8 @@
 """Clean exits for any script under torchrun, the script unchanged.
 
-Loaded at interpreter start-up — by the trainer image's `kubetrain-torchrun-hooks.pth` and, for
-`kubetrain run --local`, by the `sitecustomize` that the local runner puts on PYTHONPATH — and
+Loaded at interpreter start-up — by the trainer image's `kubetrain-torchrun-hooks.pth`, and by the
+`sitecustomize` first on PYTHONPATH in other images (the operator's runtime init container,
+kubetrain.trainer.runtime_bundle) and for `kubetrain run --local` — and
 inert until torch's own modules are imported: importing this module imports nothing of torch.
 When they are, two of torch's exit races are closed where a user's script cannot close them:
 

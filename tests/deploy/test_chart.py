@@ -106,6 +106,8 @@ def test_default_render(home: Path) -> None:
         "KUBETRAIN_WATCH_NAMESPACES": "",
         "KUBETRAIN_METRICS_PORT": "8000",
         "KUBETRAIN_HEALTH_PORT": "8080",
+        # The runtime's init container runs the operator's own image (the chart knows it; the operator does not).
+        "KUBETRAIN_RUNTIME_IMAGE": "kubetrain/operator:0.1.0",
         "KUBETRAIN_LEADER_ELECT": "true",
         "KUBETRAIN_LEASE_NAME": "kt-kubetrain",
         "KUBETRAIN_LEASE_NAMESPACE": None,
@@ -129,6 +131,19 @@ def test_default_render(home: Path) -> None:
     assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
     assert all(doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "kubetrain" for doc in docs)
+
+
+@pytest.mark.parametrize(
+    ("values", "image"),
+    [
+        ({"image.repository": "registry.example/kt/operator", "image.tag": "1.2"}, "registry.example/kt/operator:1.2"),
+        ({"operator.runtimeImage": "registry.example/kt/runtime:9"}, "registry.example/kt/runtime:9"),
+        ({"operator.injectRuntime": "false"}, ""),
+    ],
+)
+def test_the_runtime_image_follows_the_operator_image(home: Path, values: dict[str, str], image: str) -> None:
+    env = container_env(one(render(home, values), "Deployment"))
+    assert env["KUBETRAIN_RUNTIME_IMAGE"] == image
 
 
 def test_two_replicas_hand_over_without_a_gap(home: Path) -> None:
@@ -286,7 +301,7 @@ def test_every_variable_the_chart_sets_is_a_flag_of_the_operator(home: Path) -> 
     env = container_env(one(render(home, NON_DEFAULT["tuned"]), "Deployment"))
     # But the operator's agent key: a secret, read from the environment only (a flag shows in `ps`).
     secrets = {"KUBETRAIN_AGENT_KEY"}
-    assert len(env) == 16 and set(env) - secrets <= envvars, set(env) - secrets - envvars
+    assert len(env) == 17 and set(env) - secrets <= envvars, set(env) - secrets - envvars
 
 
 def test_metrics_toggles(home: Path) -> None:

@@ -98,6 +98,8 @@ def test_pod_env_contract_exact() -> None:
             "valueFrom": {"secretKeyRef": {"name": "j-kubetrain-agent", "key": "token", "optional": True}},
         },
         {"name": "FOO", "value": "bar"},
+        # kubetrain's runtime loader first (spec.runtime.inject, the default).
+        {"name": "PYTHONPATH", "value": "/kubetrain-runtime/site"},
     ]
     # The config round-trips into the trainer's model unchanged.
     config = TrainConfig.model_validate_json(env_of(pod)["KUBETRAIN_CONFIG"])
@@ -216,6 +218,7 @@ def test_pod_shape() -> None:
         {"name": "checkpoints", "mountPath": "/checkpoints"},
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "kubetrain-pod", "mountPath": "/etc/kubetrain-pod", "readOnly": True},
+        {"name": "kubetrain-runtime", "mountPath": "/kubetrain-runtime", "readOnly": True},
     ]
     assert spec["volumes"] == [
         {"name": "checkpoints", "emptyDir": {}},
@@ -226,7 +229,25 @@ def test_pod_shape() -> None:
                 "items": [{"path": "attempt", "fieldRef": {"fieldPath": "metadata.labels['kubetrain.dev/attempt']"}}]
             },
         },
+        {"name": "kubetrain-runtime", "emptyDir": {"sizeLimit": "16Mi"}},
     ]
+    (runtime,) = spec["initContainers"]
+    assert runtime == {
+        "name": "kubetrain-runtime",
+        "image": RenderSettings().runtime_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-m", "kubetrain.trainer.runtime_bundle", "/kubetrain-runtime"],
+        "volumeMounts": [{"name": "kubetrain-runtime", "mountPath": "/kubetrain-runtime"}],
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "1", "memory": "128Mi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
 
 
 def test_in_place_parts_follow_the_restart_strategy() -> None:
@@ -249,7 +270,7 @@ def test_in_place_parts_follow_the_restart_strategy() -> None:
     assert "readinessProbe" not in plain and [p["name"] for p in plain["ports"]] == ["rendezvous"]
     assert not {"KUBETRAIN_ATTEMPT_FILE", "KUBETRAIN_AGENT_PORT"} & set(env_of(recreate))
     assert env_of(recreate)["KUBETRAIN_ATTEMPT"] == "2", "rank 0's records carry the attempt either way"
-    assert [v["name"] for v in recreate["spec"]["volumes"]] == ["checkpoints", "dshm"]
+    assert [v["name"] for v in recreate["spec"]["volumes"]] == ["checkpoints", "dshm", "kubetrain-runtime"]
 
 
 def test_restricted_pod_security() -> None:
@@ -356,18 +377,27 @@ def test_template_merged_into_the_pod() -> None:
     assert meta["labels"]["team"] == "vision" and meta["labels"][naming.LABEL_ROLE] == "master"
     assert meta["annotations"] == {"sidecar.istio.io/inject": "false"}
     # Volumes and mounts after kubetrain's.
-    assert [v["name"] for v in spec["volumes"]] == ["checkpoints", "dshm", "kubetrain-pod", "data", "labels"]
+    assert [v["name"] for v in spec["volumes"]] == [
+        "checkpoints",
+        "dshm",
+        "kubetrain-pod",
+        "kubetrain-runtime",
+        "data",
+        "labels",
+    ]
     assert container["volumeMounts"] == [
         {"name": "checkpoints", "mountPath": "/checkpoints"},
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "kubetrain-pod", "mountPath": "/etc/kubetrain-pod", "readOnly": True},
+        {"name": "kubetrain-runtime", "mountPath": "/kubetrain-runtime", "readOnly": True},
         {"name": "data", "mountPath": "/data", "readOnly": True},
         {"name": "labels", "mountPath": "/etc/labels"},
     ]
     assert container["workingDir"] == "/data"
     assert container["envFrom"] == [{"configMapRef": {"name": "hyperparameters"}}]
-    # The native sidecar gets the trainer's restricted container hardening.
-    assert spec["initContainers"] == [
+    # The native sidecar gets the trainer's restricted container hardening, after kubetrain's runtime.
+    assert spec["initContainers"][0]["name"] == "kubetrain-runtime"
+    assert spec["initContainers"][1:] == [
         {
             **SIDECAR,
             "securityContext": {
@@ -396,12 +426,14 @@ def test_rendered_pods_share_no_dict_with_the_job() -> None:
     j = job(template=BYO_DATA_TEMPLATE)
     pod = render_pod(j, "ns", UID, 0, 0)
     pod["spec"]["volumes"][-1]["configMap"]["name"] = "changed"
-    pod["spec"]["initContainers"][0]["image"] = "changed"
+    pod["spec"]["initContainers"][1]["image"] = "changed"
+    pod["spec"]["initContainers"][1]["securityContext"]["capabilities"]["drop"].append("changed")
     pod["spec"]["initContainers"][0]["securityContext"]["capabilities"]["drop"].append("changed")
     pod["spec"]["securityContext"]["seccompProfile"]["type"] = "changed"
     again = render_pod(j, "ns", UID, 0, 0)
     assert again["spec"]["volumes"][-1]["configMap"]["name"] == "labels"
-    assert again["spec"]["initContainers"][0]["image"] == SIDECAR["image"]
+    assert again["spec"]["initContainers"][1]["image"] == SIDECAR["image"]
+    assert again["spec"]["initContainers"][1]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert again["spec"]["initContainers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert again["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert again["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -483,3 +515,43 @@ def test_host_network_resolves_the_cluster_and_claims_the_master_port() -> None:
         {"name": "rendezvous", "containerPort": 23456, "hostPort": 23456, "protocol": "TCP"},
         {"name": "agent", "containerPort": 23457, "hostPort": 23457, "protocol": "TCP"},
     ]
+
+
+def test_the_runtime_goes_to_every_pod_unless_the_job_or_the_operator_opts_out() -> None:
+    """spec.runtime.inject (default true) and the operator's runtime image (empty: none): an init
+    container of that image, its volume mounted read-only, and PYTHONPATH starting with the loader."""
+    injected = render_pod(job(), "ns", UID, 0, 0, RenderSettings(runtime_image="registry.example/op:2"))
+    assert injected["spec"]["initContainers"][0]["image"] == "registry.example/op:2"
+    assert env_of(injected)["PYTHONPATH"] == "/kubetrain-runtime/site"
+    for off in (
+        render_pod(job(runtime={"inject": False}), "ns", UID, 0, 0),
+        render_pod(job(), "ns", UID, 0, 0, RenderSettings(runtime_image="")),
+    ):
+        assert "initContainers" not in off["spec"] and "PYTHONPATH" not in env_of(off)
+        assert "kubetrain-runtime" not in [v["name"] for v in off["spec"]["volumes"]]
+        assert "kubetrain-runtime" not in [m["name"] for m in off["spec"]["containers"][0]["volumeMounts"]]
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (
+            {"name": "PYTHONPATH", "value": "/src:/lib"},
+            [{"name": "PYTHONPATH", "value": "/kubetrain-runtime/site:/src:/lib"}],
+        ),
+        ({"name": "PYTHONPATH", "value": ""}, [{"name": "PYTHONPATH", "value": "/kubetrain-runtime/site"}]),
+        (
+            {"name": "PYTHONPATH", "valueFrom": {"configMapKeyRef": {"name": "paths", "key": "python"}}},
+            [
+                {
+                    "name": "KUBETRAIN_JOB_PYTHONPATH",
+                    "valueFrom": {"configMapKeyRef": {"name": "paths", "key": "python"}},
+                },
+                {"name": "PYTHONPATH", "value": "/kubetrain-runtime/site:$(KUBETRAIN_JOB_PYTHONPATH)"},
+            ],
+        ),
+    ],
+)
+def test_the_jobs_own_pythonpath_follows_the_runtimes(given: dict[str, Any], expected: list[dict[str, Any]]) -> None:
+    env = render_pod(job(env=[given]), "ns", UID, 0, 0)["spec"]["containers"][0]["env"]
+    assert [var for var in env if "PYTHONPATH" in var["name"]] == expected

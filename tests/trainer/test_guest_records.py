@@ -16,12 +16,6 @@ from kubetrain.trainer import guest_records
 pytestmark = pytest.mark.unit
 
 
-def test_the_names_are_the_contracts() -> None:
-    assert guest_records.ATTEMPT_ENV == contract.ATTEMPT_ENV
-    assert guest_records.CHECKPOINT_DIR_ENV == contract.CHECKPOINT_DIR_ENV
-    assert guest_records.METRICS_FILE == records.METRICS_FILE
-
-
 def test_a_record_goes_to_the_stream_and_the_metrics_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(contract.ATTEMPT_ENV, "3")
     out = io.StringIO()

@@ -75,6 +75,9 @@ on which Lease) is always passed; the operator's tunables only when set (values.
   value: {{ ternary (toString .Values.metrics.port) "0" .Values.metrics.enabled | quote }}
 - name: KUBETRAIN_HEALTH_PORT
   value: {{ .Values.health.port | quote }}
+{{- /* The runtime's init container runs this chart's operator image unless told otherwise; empty: none. */}}
+- name: KUBETRAIN_RUNTIME_IMAGE
+  value: {{ ternary (default (include "kubetrain.image" .) .Values.operator.runtimeImage) "" .Values.operator.injectRuntime | quote }}
 - name: KUBETRAIN_LEADER_ELECT
   value: {{ .Values.leaderElection.enabled | quote }}
 {{- if .Values.leaderElection.enabled }}
