@@ -196,14 +196,18 @@ def _in_place_pod(job: TrainingJob, container: dict[str, Any], pod_spec: dict[st
 
 
 # The runtime's init container: restricted whatever the template says about the trainer's user (it
-# runs the operator image, whose user is 10001), and small (it copies ~20 files).
+# runs the operator image, whose user is 10001).
 RUNTIME_SECURITY: dict[str, Any] = {
     **CONTAINER_SECURITY,
     "runAsUser": RUN_AS_USER,
     "runAsGroup": RUN_AS_USER,
     "seccompProfile": SECCOMP,
 }
-RUNTIME_RESOURCES = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "1", "memory": "128Mi"}}
+# Its resources are the trainer's of these kinds: a pod's request is the larger of any init container's
+# and the sum of its containers', so Kueue, quotas and the scheduler see the job's own numbers (a
+# ClusterQueue that covers only GPUs admits it as before), and a quota that wants limits gets them
+# where the trainer gives them. It copies ~20 files: whatever the trainer may use is plenty.
+RUNTIME_RESOURCE_KINDS = ("cpu", "memory", "ephemeral-storage")
 RUNTIME_COMMAND = ("python", "-m", "kubetrain.trainer.runtime_bundle", naming.RUNTIME_PATH)
 PYTHONPATH = "PYTHONPATH"
 # A job's own PYTHONPATH from a valueFrom source goes under this name, which the runtime's refers to.
@@ -228,7 +232,7 @@ def _runtime(job: TrainingJob, container: dict[str, Any], pod_spec: dict[str, An
             "imagePullPolicy": "IfNotPresent",
             "command": list(RUNTIME_COMMAND),
             "volumeMounts": [{"name": naming.RUNTIME_VOLUME, "mountPath": naming.RUNTIME_PATH}],
-            "resources": copy.deepcopy(RUNTIME_RESOURCES),
+            "resources": _runtime_resources(container),
             "securityContext": copy.deepcopy(RUNTIME_SECURITY),
         }
     ]
@@ -246,6 +250,12 @@ def _runtime(job: TrainingJob, container: dict[str, Any], pod_spec: dict[str, An
     else:  # valueFrom: known only in the pod, so referred to by name
         own["name"] = JOB_PYTHONPATH
         env.append({"name": PYTHONPATH, "value": f"{site}:$({JOB_PYTHONPATH})"})
+
+
+def _runtime_resources(container: dict[str, Any]) -> dict[str, Any]:
+    given: dict[str, dict[str, str]] = container.get("resources", {})
+    kept = {part: {k: v for k, v in values.items() if k in RUNTIME_RESOURCE_KINDS} for part, values in given.items()}
+    return {part: values for part, values in kept.items() if values}
 
 
 def _credentials_env(job: TrainingJob) -> list[dict[str, Any]]:

@@ -238,7 +238,8 @@ def test_pod_shape() -> None:
         "imagePullPolicy": "IfNotPresent",
         "command": ["python", "-m", "kubetrain.trainer.runtime_bundle", "/kubetrain-runtime"],
         "volumeMounts": [{"name": "kubetrain-runtime", "mountPath": "/kubetrain-runtime"}],
-        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "1", "memory": "128Mi"}},
+        # The trainer's cpu and memory, not its GPUs: the pod's requests stay the job's own.
+        "resources": {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
@@ -522,6 +523,7 @@ def test_the_runtime_goes_to_every_pod_unless_the_job_or_the_operator_opts_out()
     container of that image, its volume mounted read-only, and PYTHONPATH starting with the loader."""
     injected = render_pod(job(), "ns", UID, 0, 0, RenderSettings(runtime_image="registry.example/op:2"))
     assert injected["spec"]["initContainers"][0]["image"] == "registry.example/op:2"
+    assert injected["spec"]["initContainers"][0]["resources"] == {}, "the trainer requests nothing: nor does it"
     assert env_of(injected)["PYTHONPATH"] == "/kubetrain-runtime/site"
     for off in (
         render_pod(job(runtime={"inject": False}), "ns", UID, 0, 0),

@@ -68,19 +68,31 @@ def test_stored_pods_carry_the_template(cluster: Cluster, operator: OperatorProc
         want = render_pod(model, cluster.namespace, created["metadata"]["uid"], rank, 0, RenderSettings())
         assert contains(got["spec"], want["spec"]), f"the stored pod lost part of\n{yaml.safe_dump(want['spec'])}"
         spec, trainer = got["spec"], got["spec"]["containers"][0]
-        # kubetrain-pod: the attempt label for the in-place restart (runPolicy.restartStrategy InPlace).
-        assert [v["name"] for v in spec["volumes"]] == ["checkpoints", "dshm", "kubetrain-pod", "data", "labels"]
-        assert spec["volumes"][3]["persistentVolumeClaim"] == {"claimName": "imagenet"}
-        assert spec["volumes"][4]["configMap"]["name"] == "labels"
+        # kubetrain-pod: the attempt label for the in-place restart (runPolicy.restartStrategy InPlace);
+        # kubetrain-runtime: kubetrain's runtime for an image without it (spec.runtime.inject).
+        assert [v["name"] for v in spec["volumes"]] == [
+            "checkpoints",
+            "dshm",
+            "kubetrain-pod",
+            "kubetrain-runtime",
+            "data",
+            "labels",
+        ]
+        assert spec["volumes"][4]["persistentVolumeClaim"] == {"claimName": "imagenet"}
+        assert spec["volumes"][5]["configMap"]["name"] == "labels"
         assert [(m["name"], m["mountPath"]) for m in trainer["volumeMounts"]] == [
             ("checkpoints", "/checkpoints"),
             ("dshm", "/dev/shm"),
             ("kubetrain-pod", "/etc/kubetrain-pod"),
+            ("kubetrain-runtime", "/kubetrain-runtime"),
             ("data", "/data"),
             ("labels", "/etc/labels"),
         ]
         assert trainer["workingDir"] == "/data" and trainer["image"] == "me/private:1"
-        assert [(c["name"], c["restartPolicy"]) for c in spec["initContainers"]] == [("log-shipper", "Always")]
+        assert [(c["name"], c.get("restartPolicy")) for c in spec["initContainers"]] == [
+            ("kubetrain-runtime", None),
+            ("log-shipper", "Always"),
+        ]
         assert [c["name"] for c in spec["containers"]] == ["trainer"]
         assert spec["imagePullSecrets"] == [{"name": "regcred"}]
         assert got["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
