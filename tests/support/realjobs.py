@@ -45,6 +45,11 @@ def trainer_archive() -> Path:
     return Path(given) if given else images.archives(images.TRAINER_REF)[images.TRAINER_REF]
 
 
+def operator_archive() -> Path:
+    """The operator image: the pods' runtime init container runs it (spec.runtime.inject)."""
+    return images.archives(images.OPERATOR_REF)[images.OPERATOR_REF]
+
+
 def overlay_tree(into: Path) -> Path:
     """A snapshot of this tree's kubetrain package (its editable install's links resolved),
     readable by the pods' non-root user."""
@@ -57,6 +62,11 @@ def overlay_tree(into: Path) -> Path:
     return into
 
 
+# The user scripts of the adapters' tests (tests/support/workloads/), given to a job's pods read-only.
+WORKLOADS = ROOT / "tests" / "support" / "workloads"
+WORKLOADS_PATH = "/workloads"
+
+
 def job_manifest(
     name: str,
     namespace: str,
@@ -67,14 +77,19 @@ def job_manifest(
     training: dict[str, Any] | None = None,
     run_policy: dict[str, Any] | None = None,
     command: list[str] | None = None,
+    args: list[str] | None = None,
+    image: str = images.TRAINER_REF,
+    workloads: bool = False,
+    inject_runtime: bool = True,
     checkpoint_steps: int = 20,
 ) -> dict[str, Any]:
-    """A 2-node digits job of the trainer image, its checkpoints on the PVC `name`."""
+    """A 2-node digits job of the trainer image, its checkpoints on the PVC `name`. `workloads`:
+    WORKLOADS at WORKLOADS_PATH (a read-only hostPath), for a `command` of a user script."""
     env = [{"name": "KUBETRAIN_FAULT", "value": fault}] if fault else []
     spec: dict[str, Any] = {
         "nodes": 2,
         "gpusPerNode": 0,
-        "image": images.TRAINER_REF,
+        "image": image,
         "imagePullPolicy": "Never",
         "env": env,
         "training": {"dataset": "digits", "epochs": 3, "batchSize": 32, "logEverySteps": 5, **(training or {})},
@@ -88,15 +103,20 @@ def job_manifest(
     }
     if command is not None:
         spec["command"] = command
+    if args is not None:
+        spec["args"] = args
+    if not inject_runtime:
+        spec["runtime"] = {"inject": False}
+    folders = {"workloads": (WORKLOADS, WORKLOADS_PATH)} if workloads else {}
     if overlay is not None:
         env.append({"name": "PYTHONPATH", "value": OVERLAY_PATH})
-        mount = {"name": "overlay", "mountPath": OVERLAY_PATH, "readOnly": True}
-        spec["template"] = {
-            "spec": {
-                "containers": [{"name": "trainer", "volumeMounts": [mount]}],
-                "volumes": [{"name": "overlay", "hostPath": {"path": str(overlay), "type": "Directory"}}],
-            }
-        }
+        folders["overlay"] = (overlay, OVERLAY_PATH)
+    if folders:  # host folders, read-only
+        mounts = [{"name": name, "mountPath": path, "readOnly": True} for name, (_, path) in folders.items()]
+        volumes = [
+            {"name": name, "hostPath": {"path": str(host), "type": "Directory"}} for name, (host, _) in folders.items()
+        ]
+        spec["template"] = {"spec": {"containers": [{"name": "trainer", "volumeMounts": mounts}], "volumes": volumes}}
     return bare_job(name, metadata={"namespace": namespace}, **spec)
 
 
@@ -175,12 +195,12 @@ class RealJobs:
 def real_jobs(workdir: Path, namespace: str, *, overlay: bool | None = None) -> Iterator[RealJobs]:
     """The real node with the trainer image, kubetrain's CRD, `namespace`, and the operator of
     this tree on the host (its log in `workdir`). `overlay` None: KUBETRAIN_TRAINER_OVERLAY says."""
-    archive = trainer_archive()
+    archives = [trainer_archive(), operator_archive()]
     if overlay is None:
         overlay = os.environ.get(OVERLAY_ENV) == "1"
     with real.running_node() as node:
         tree = overlay_tree(workdir / "overlay") if overlay else None
-        node.load_images([archive])
+        node.load_images(archives)
         controlplane.install_crds(node.cp, ROOT / "crds")
         node.cp.kubectl("create", "namespace", namespace)
         sa = ("get", "sa", "default", "-n", namespace)
@@ -190,3 +210,22 @@ def real_jobs(workdir: Path, namespace: str, *, overlay: bool | None = None) -> 
             yield RealJobs(node, namespace, tree, operator)
         finally:
             operator.stop()
+
+
+def worker_pids(job: str, namespace: str, node_rank: int) -> list[int]:
+    """Host PIDs of the workers torchrun started in node `node_rank`'s pod of `job`: the processes
+    with that pod's rendezvous env (MASTER_ADDR names the job's node 0, NODE_RANK) whose parent has
+    it too (the container's first process, torchrun's agent, does not: its parent is the shim)."""
+    wanted = (f"MASTER_ADDR={job}-node-0.{job}.{namespace}.".encode(), f"\0NODE_RANK={node_rank}\0".encode())
+    ours: dict[int, int] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = b"\0" + (proc / "environ").read_bytes()
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # gone, or not ours to read
+            continue
+        if all(part in environ for part in wanted):
+            ours[int(proc.name)] = parent
+    return sorted(pid for pid, parent in ours.items() if parent in ours)
