@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# Builds the two images of the repository's Dockerfile, unmodified, with buildah and without a
-# registry, and saves each as an OCI archive the real-node tests import into containerd:
+# Builds the two images of the repository's Dockerfile, unmodified, and a third on the trainer, with
+# buildah and without a registry, and saves them as OCI archives the real-node tests import into
+# containerd:
 #   docker.io/kubetrain/operator:0.1.0     --target operator
 #   docker.io/kubetrain/trainer:0.1.0-cpu  --target trainer, TRAINER_BASE=python:3.11-slim-bookworm
+#   docker.io/kubetrain/guest:0.1.0-cpu    tests/cluster/guest.Dockerfile: ONE layer on the trainer,
+#                                          a user's own image (torch, transformers, accelerate,
+#                                          Lightning at pyproject's [dev] pins; no kubetrain, no
+#                                          pydantic). It is built whenever the trainer is and goes
+#                                          into the trainer's archive: one OCI layout holding both
+#                                          refs shares the trainer's blobs, so the guest costs its
+#                                          layer only, and one `ctr images import` names both
 # No registry serves base images here, so the Dockerfile's FROM image is made first: a Debian
 # bookworm minbase (debootstrap) with python3 and a virtualenv at /usr/local, so `python` and
 # `pip` come first on PATH and pip may install (PEP 668 does not apply in a virtualenv), the way
@@ -17,9 +25,12 @@
 #                             and passed as TORCH_INDEX_URL=file:///mnt/simple: a source change
 #                             does not download ~2.8 GB again, and the trainer holds the files an
 #                             online build from PyPI installs
+#   wheels-frameworks-<pins>/ the guest's frameworks and what they need beyond torch, the same way
+#                             (downloaded once, an index, bind-mounted at /mnt for the guest's RUN)
 #   <name>-<key>.oci.tar      an image; <key> hashes the Dockerfile, .dockerignore, every file
 #                             its COPY instructions read, the base recipe, this script's build
-#                             functions, the target and build args
+#                             functions, the target and build args; the trainer's (which holds the
+#                             guest too) also the guest's recipe (guest.Dockerfile, pins, functions)
 # A warm run (nothing changed) only hashes the sources. Older archives of a name are removed.
 #
 # RUN steps run in a chroot (`--isolation chroot`: crun refused this VM's hybrid cgroups, "cgroups
@@ -32,7 +43,8 @@
 # Usage: bash tests/cluster/build-images.sh [--print]    (as root, except --print)
 #   --print  prints the archive paths for the current sources without building anything
 # tests/run.sh runs it for the tiers whose tests use the images (node, e2e, all).
-# Last lines: OPERATOR_IMAGE_ARCHIVE=<path> and TRAINER_IMAGE_ARCHIVE=<path>.
+# Last lines: OPERATOR_IMAGE_ARCHIVE=<path>, TRAINER_IMAGE_ARCHIVE=<path> and
+# GUEST_IMAGE_ARCHIVE=<path> (the trainer's archive: it holds both).
 set -euo pipefail
 shopt -s inherit_errexit
 
@@ -43,11 +55,16 @@ BASE_PACKAGES=python3,python3-venv,ca-certificates
 PYPI_INDEX=https://pypi.org/simple
 # Free space the trainer's build takes at its peak (the installed wheels in the container, their
 # layer while it is committed, then the OCI layout and its tar): 25.9 GB measured with torch 2.15.0.
+# The guest adds ~0.2 GB to storage, layout and tar; with it 22.2 GB was the most seen (df every 3 s).
 TRAINER_BUILD_GB=26
 # -------------------------------------------------------------------------------------------------
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DOCKERFILE=$ROOT/Dockerfile
+GUEST_DOCKERFILE=$ROOT/tests/cluster/guest.Dockerfile
+OPERATOR_REF=docker.io/kubetrain/operator:0.1.0
+TRAINER_REF=docker.io/kubetrain/trainer:0.1.0-cpu
+GUEST_REF=docker.io/kubetrain/guest:0.1.0-cpu
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain/images
 # The real node's containerd root (tests/support/realnode.py image_store()): it keeps the trainer
 # image it imported last, ~12 GB of blobs and their unpacked snapshot, stale once the trainer is
@@ -68,6 +85,21 @@ BASE_REF=docker.io/library/$(dockerfile_arg PYTHON_BASE)
 TORCH_VERSION=$(dockerfile_arg TORCH_VERSION)
 if [ -z "$TORCH_VERSION" ] || [ "$BASE_REF" = docker.io/library/ ]; then
   die "$DOCKERFILE lacks ARG PYTHON_BASE or ARG TORCH_VERSION"
+fi
+
+# The guest's frameworks at the [dev] extra's exact pins, so a pin is written in one place (the
+# tests on this machine run the same versions).
+framework_pins() {
+  awk '/^dev = \[/ { dev = 1; next }
+       dev && /^\]/ { exit }
+       dev && match($0, /"(transformers|accelerate|lightning)==[^"]+"/) {
+         print substr($0, RSTART + 1, RLENGTH - 2)
+       }' "$ROOT/pyproject.toml"
+}
+
+mapfile -t FRAMEWORKS < <(framework_pins)
+if [ "${#FRAMEWORKS[@]}" -ne 3 ]; then
+  die "$ROOT/pyproject.toml's [dev] extra must pin transformers, accelerate and lightning with ==; found: ${FRAMEWORKS[*]:-none}"
 fi
 
 buildah_() {
@@ -137,6 +169,13 @@ image_key() {
     sha256sum | cut -c1-16
 }
 
+# guest_recipe: what decides the guest's content besides the trainer under it (its Dockerfile, the
+# pins, how this script downloads and builds it); part of the trainer's key, as its archive holds both.
+guest_recipe() {
+  { cat "$GUEST_DOCKERFILE"; printf '%s\n' "${FRAMEWORKS[@]}"; declare -f ensure_framework_wheels build_guest; } |
+    sha256sum | cut -c1-16
+}
+
 # --- the images -----------------------------------------------------------------------------------
 ensure_wheels() {
   WHEELS=$CACHE/wheels-torch-$TORCH_VERSION
@@ -153,6 +192,36 @@ ensure_wheels() {
   write_index "$WHEELS"
   touch "$WHEELS/.complete"
   log "wheels downloaded in $((SECONDS - t0)) s: $(du -sh "$WHEELS" | cut -f1)"
+}
+
+# ensure_framework_wheels: the guest's frameworks and what they need beyond torch, downloaded once
+# like torch's; the directory is named by the pins and the torch the resolution is pinned to.
+ensure_framework_wheels() {
+  FRAMEWORK_WHEELS=$CACHE/wheels-frameworks-$(printf '%s\n' "$TORCH_VERSION" "${FRAMEWORKS[@]}" | sha256sum | cut -c1-16)
+  if [ -f "$FRAMEWORK_WHEELS/.complete" ]; then
+    return
+  fi
+  local python=${KUBETRAIN_VENV:-$ROOT/.venv}/bin/python t0=$SECONDS wheel
+  [ -x "$python" ] || python=python3
+  find "$CACHE" -maxdepth 1 -name 'wheels-frameworks-*' -exec rm -rf {} +
+  mkdir -p "$FRAMEWORK_WHEELS"
+  # accelerate and lightning require torch, and `pip download` fetches every dependency, installed
+  # or not: torch and its CUDA wheels (~2.8 GB) again, though the trainer has them. pip takes a file
+  # already in --dest as downloaded ("File was already downloaded"), so torch's wheels are hard-linked
+  # in (same filesystem: no space, no traffic), the resolution is pinned to the trainer's torch, and
+  # the links go afterwards. What stays is what the frameworks need beyond torch (with some the
+  # trainer has too: the guest's pip skips those, as installed, and takes the rest from here).
+  ln "$WHEELS"/*.whl "$FRAMEWORK_WHEELS"/
+  log "downloading ${FRAMEWORKS[*]} and their dependencies but torch's from PyPI into $FRAMEWORK_WHEELS"
+  "$python" -m pip download -q --dest "$FRAMEWORK_WHEELS" --index-url "$PYPI_INDEX" \
+    "torch==$TORCH_VERSION" "${FRAMEWORKS[@]}" >&2
+  for wheel in "$WHEELS"/*.whl; do
+    rm -f "$FRAMEWORK_WHEELS/${wheel##*/}"
+  done
+  write_index "$FRAMEWORK_WHEELS"
+  touch "$FRAMEWORK_WHEELS/.complete"
+  log "framework wheels downloaded in $((SECONDS - t0)) s: $(du -sh "$FRAMEWORK_WHEELS" | cut -f1)," \
+    "$(find "$FRAMEWORK_WHEELS" -maxdepth 1 -name '*.whl' | wc -l) wheels"
 }
 
 # write_index DIR: DIR/simple/<project>/index.html linking DIR's wheels, the layout pip reads from a
@@ -194,21 +263,31 @@ drop_node_store() {
   rm -rf "$NODE_STORE"
 }
 
-# build_image NAME REF TARGET BUILD_ARG...: prints the archive, building it when missing.
+# build_image NAME REF TARGET BUILD_ARG...: prints the archive, building it when missing. The
+# trainer's archive holds the guest too, built on it right after it.
 build_image() {
   local name=$1 ref=$2 target=$3 key archive t0=$SECONDS
   shift 3
-  key=$(image_key "$target" "$@")
+  local -a refs=("$ref") recipe=("$target" "$@")
+  if [ "$target" = trainer ]; then
+    refs+=("$GUEST_REF")
+    recipe+=("guest $GUEST_RECIPE")
+  fi
+  key=$(image_key "${recipe[@]}")
   archive=$CACHE/$name-$key.oci.tar
   if [ -f "$archive" ] || [ "$MODE" = print ]; then
     echo "$archive"
     return
   fi
-  # Older archives of this image go first: the trainer's are GBs and the disk is shared.
+  # Older archives of this image go first: the trainer's are GBs and the disk is shared. So do its
+  # images left in storage by a run that failed before archiving them (a guest whose check failed
+  # leaves the trainer's GBs there).
   find "$CACHE" -maxdepth 1 -name "$name-*.oci.tar*" -exec rm -rf {} +
+  buildah_ rmi -f "${refs[@]}" >/dev/null 2>&1 || true
+  buildah_ rmi --prune >/dev/null 2>&1 || true
   if [ "$target" = trainer ]; then
     drop_node_store
-    need_space "$TRAINER_BUILD_GB" "building $ref (torch's CUDA wheels installed, committed and archived)"
+    need_space "$TRAINER_BUILD_GB" "building $ref and $GUEST_REF (torch's CUDA wheels installed, committed and archived)"
   fi
   local -a args=(-v "$CA_BUNDLE:$CA_BUNDLE:ro")
   # Only the trainer installs torch (from TORCH_INDEX_URL=file:///mnt/simple).
@@ -219,22 +298,44 @@ build_image() {
   # SHELL and runs RUN steps with /bin/sh. The archive is converted to OCI on push.
   buildah_ bud --format docker --pull=never --isolation chroot --network host --layers=false \
     --force-rm --target "$target" -t "$ref" "${args[@]}" -f "$DOCKERFILE" "$ROOT" >&2
+  log "$ref: built in $((SECONDS - t0)) s"
+  [ "$target" != trainer ] || build_guest
   local built=$SECONDS
-  archive_image "$ref" "$archive"
-  log "$ref: built in $((built - t0)) s, archived in $((SECONDS - built)) s," \
-    "$(du -h "$archive" | cut -f1) $archive"
+  archive_image "$archive" "${refs[@]}"
+  log "${refs[*]}: archived in $((SECONDS - built)) s, $(du -h "$archive" | cut -f1) $archive"
   echo "$archive"
 }
 
-# archive_image REF ARCHIVE: an OCI layout in a tar, named REF (containerd's import name), and the
-# image out of buildah's storage. The layout is written as a directory and the storage copy is
-# removed before the tar is made: at most two copies of the trainer's GBs exist at once (an
-# oci-archive: push holds three). Layers are gzip level 0 (stored): buildah 1.28 ignores
-# --disable-compression for OCI destinations, and real gzip of the trainer costs ~5 minutes here.
+# build_guest: the guest image, one layer on the trainer just built (tests/cluster/guest.Dockerfile).
+# Its RUN needs no network (its wheels are at /mnt) and the build context is empty (it copies
+# nothing); the other flags are the trainer's, for the same reasons.
+build_guest() {
+  local t0=$SECONDS context=$TMPDIR/guest-context
+  mkdir -p "$context"
+  log "building $GUEST_REF: one layer on $TRAINER_REF with ${FRAMEWORKS[*]}, without kubetrain and pydantic"
+  buildah_ bud --format docker --pull=never --isolation chroot --network host --layers=false \
+    --force-rm -t "$GUEST_REF" -v "$FRAMEWORK_WHEELS:/mnt:ro" --build-arg "TRAINER_IMAGE=$TRAINER_REF" \
+    --build-arg "FRAMEWORKS=${FRAMEWORKS[*]}" -f "$GUEST_DOCKERFILE" "$context" >&2
+  log "$GUEST_REF: built in $((SECONDS - t0)) s"
+}
+
+# archive_image ARCHIVE REF...: an OCI layout in a tar holding each REF under its name (containerd's
+# import name; one import brings them all), and the images out of buildah's storage. Images pushed
+# into one layout share its blobs: the guest adds its own layer, config and manifest only. The
+# layout is written as a directory and the storage copies are removed before the tar is made: at
+# most two copies of the trainer's GBs exist at once (an oci-archive: push holds three). Layers are
+# gzip level 0 (stored): buildah 1.28 ignores --disable-compression for OCI destinations, and real
+# gzip of the trainer costs ~5 minutes here.
 archive_image() {
-  local ref=$1 archive=$2 layout=$2.d
-  buildah_ push --format oci --compression-level 0 "$ref" "oci:$layout:$ref" >&2
-  buildah_ rmi "$ref" >/dev/null
+  local archive=$1 layout=$1.d ref before
+  shift
+  for ref in "$@"; do
+    before=0
+    [ ! -d "$layout" ] || before=$(du -sb "$layout" | cut -f1)
+    buildah_ push --format oci --compression-level 0 "$ref" "oci:$layout:$ref" >&2
+    log "$ref: pushed, adds $((($(du -sb "$layout" | cut -f1) - before) / 1024 / 1024)) MiB to the layout"
+  done
+  buildah_ rmi "$@" >/dev/null
   buildah_ rmi --prune >/dev/null 2>&1 || true
   tar -C "$layout" -cf "$archive.partial" oci-layout index.json blobs
   rm -rf "$layout"
@@ -250,6 +351,7 @@ main() {
   esac
   BASE_RECIPE=$(base_recipe)
   SOURCES=$(sources_hash)
+  GUEST_RECIPE=$(guest_recipe)
   local base_name=${BASE_REF#docker.io/library/} operator trainer
   if [ "$MODE" = build ]; then
     [ "$(id -u)" -eq 0 ] || die "needs root (buildah, debootstrap, chroot)"
@@ -267,13 +369,15 @@ main() {
     install_tools
     ensure_base
     ensure_wheels
+    ensure_framework_wheels
   fi
-  operator=$(build_image operator docker.io/kubetrain/operator:0.1.0 operator)
-  trainer=$(build_image trainer-cpu docker.io/kubetrain/trainer:0.1.0-cpu trainer \
+  operator=$(build_image operator "$OPERATOR_REF" operator)
+  trainer=$(build_image trainer-cpu "$TRAINER_REF" trainer \
     "TRAINER_BASE=$base_name" "TORCH_INDEX_URL=file:///mnt/simple")
   [ "$MODE" = print ] || log "done; cache $(du -shx "$CACHE" | cut -f1) in $CACHE"
   echo "OPERATOR_IMAGE_ARCHIVE=$operator"
   echo "TRAINER_IMAGE_ARCHIVE=$trainer"
+  echo "GUEST_IMAGE_ARCHIVE=$trainer"
 }
 
 install_tools() {
