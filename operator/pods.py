@@ -25,6 +25,8 @@ STUCK_REASONS = frozenset(
     }
 )
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+# A pod whose init container (kubetrain's runtime, or the template's) failed, so the trainer never ran.
+INIT_CONTAINER_FAILED = "InitContainerFailed"
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -126,6 +128,15 @@ class PodView:
             init_reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
             if init_reason in STUCK_REASONS and waiting not in STUCK_REASONS:
                 waiting = init_reason
+            init_done = (cs.get("state") or {}).get("terminated") or {}
+            if init_done.get("exitCode") and not has_run and reason is None:
+                # The trainer never started (restartPolicy Never): the init container's end is the pod's.
+                reason = INIT_CONTAINER_FAILED
+                said = (init_done.get("message") or "").strip()
+                message = f"init container {cs.get('name')} exited {init_done['exitCode']}" + (
+                    f": {said}" if said else ""
+                )
+                finished = parse_time(init_done.get("finishedAt"))
         ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
         if status.get("reason"):  # pod-level: Evicted, DeadlineExceeded, NodeLost, ...
             reason = status["reason"]

@@ -234,6 +234,8 @@ def _runtime(job: TrainingJob, container: dict[str, Any], pod_spec: dict[str, An
             "volumeMounts": [{"name": naming.RUNTIME_VOLUME, "mountPath": naming.RUNTIME_PATH}],
             "resources": _runtime_resources(container),
             "securityContext": copy.deepcopy(RUNTIME_SECURITY),
+            # Its traceback, if it fails, becomes the pod's failure message (status.failures).
+            "terminationMessagePolicy": "FallbackToLogsOnError",
         }
     ]
     pod_spec["volumes"].append({"name": naming.RUNTIME_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}})

@@ -10,7 +10,8 @@
 #   e2e      the node's needs and helm: the end-to-end scenario
 #   bench    + the Kubeflow operator (a benchmark's peer) and, as root, the real node and the images
 #   all      (default, what CI runs through .ci/run) everything, and every test: the unit and
-#            train tiers first, spread over the cores, then the rest in one process
+#            train tiers first, spread over the cores, then the runtime's on the lowest torch
+#            README claims (LOW_TORCH, its own venv), then the rest in one process
 # Without root the node and the images are not built: their tests skip, naming root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,11 +84,15 @@ esac
 step "pytest -m 'unit or train' ${PARALLEL[*]}"
 unit=0
 python -m pytest -m "unit or train" "${PARALLEL[@]}" "$@" || unit=$?
+# The runtime beside user code on the lowest torch README claims too (its own venv, cached).
+step "the runtime's tests on the lowest claimed torch (tests/cluster/low-torch.sh)"
+low=0
+KUBETRAIN_VENV=$VENV bash tests/cluster/low-torch.sh "${PARALLEL[@]}" "$@" || low=$?
 step "pytest -m 'not unit and not train'"
 rest=0
 python -m pytest -m "not unit and not train" "$@" || rest=$?
 # pytest's 5 (nothing collected) in one half is no failure when the other half ran tests.
-for status in "$unit" "$rest"; do
+for status in "$unit" "$low" "$rest"; do
   case $status in 0 | 5) ;; *) exit "$status" ;; esac
 done
 [ "$unit" = 5 ] && [ "$rest" = 5 ] && exit 5

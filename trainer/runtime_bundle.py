@@ -60,12 +60,13 @@ def relative_path(module: str) -> Path:
 
 def install(into: Path) -> list[Path]:
     """Writes the runtime under `into` (`site/sitecustomize.py`, `lib/kubetrain/...`), readable by
-    any user: the training container may run as another user than the init container did."""
+    any user: the training container may run as another user than the init container did. `into`
+    itself is left as it is (a volume's root, which this user may not own)."""
     written = [_copy(LOADER, into / BUNDLE_SITE / "sitecustomize.py")]
     for module in RUNTIME_MODULES:
         relative = relative_path(module)
         written.append(_copy(_KUBETRAIN.joinpath(*relative.parts[1:]), into / BUNDLE_LIB / relative))
-    for path in [into, *into.rglob("*")]:
+    for path in into.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
     return written
 

@@ -26,6 +26,7 @@ RECORD = 'printf "%s\\n" "{name}${{*:+ $*}}" >>"$CALLS"\n'
 STAND_INS = {
     "tests/cluster/install.sh": RECORD.format(name="install.sh"),
     "tests/cluster/build-images.sh": RECORD.format(name="build-images.sh") + 'echo "root=$(id -u)" >>"$CALLS"\n',
+    "tests/cluster/low-torch.sh": RECORD.format(name="low-torch.sh") + 'exit "${LOW_EXIT:-0}"\n',
     "venv/bin/python": RECORD.format(name="python")
     + 'case " $* " in *" pytest "*) echo "REQUIRE=${KUBETRAIN_REQUIRE_CONTROL_PLANE:-}" >>"$CALLS"; '
     'exit "${PYTEST_EXIT:-0}";; esac\n',
@@ -92,11 +93,16 @@ def tier_run(marker: str) -> list[str]:
         ("node", ["install.sh k8s node", "build-images.sh", "root=0"], tier_run("node")),
         ("e2e", ["install.sh k8s helm node", "build-images.sh", "root=0"], tier_run("e2e")),
         ("bench", ["install.sh k8s kubeflow node", "build-images.sh", "root=0"], tier_run("bench")),
-        # The unit and train tiers spread over the cores, then every other test in one process.
+        # The unit and train tiers spread over the cores, the runtime's tests on the lowest torch,
+        # then every other test in one process.
         (
             "all",
             ["install.sh k8s helm kueue kubeflow node", "build-images.sh", "root=0"],
-            [*spread("unit or train"), *tier_run("not unit and not train")],
+            [
+                *spread("unit or train"),
+                "low-torch.sh -n logical --maxprocesses 4 -x -k a b",
+                *tier_run("not unit and not train"),
+            ],
         ),
     ],
 )
@@ -139,6 +145,7 @@ PYTHON_EXITING_IN_TURN = (
     ("tier", "exits", "status"),
     [
         ("unit", "3", 3),
+        ("all", "0 0 low 1", 1),
         ("all", "1 0", 1),
         ("all", "0 1", 1),
         ("all", "5 0", 0),
@@ -148,11 +155,15 @@ PYTHON_EXITING_IN_TURN = (
     ],
 )
 def test_pytests_exit_code_is_the_runs(tmp_path: Path, tier: str, exits: str, status: int) -> None:
-    """A full run is two pytest runs (the unit and train tiers, the rest): the first failure is the run's, and
-    nothing collected in one half (a -k that matches one side) is no failure."""
+    """A full run is two pytest runs (the unit and train tiers, the rest) and the runtime's on the lowest
+    torch: the first failure is the run's, and nothing collected in one half (a -k that matches one
+    side) is no failure."""
     repo, env = scratch(tmp_path, "tests/run.sh", **{"venv/bin/python": PYTHON_EXITING_IN_TURN})
+    exits, _, low = exits.partition(" low ")  # the lowest torch's run (tests/cluster/low-torch.sh)
     (tmp_path / "exits").write_text(exits.replace(" ", "\n") + "\n")
-    done, calls = run(repo, env, "bash", "tests/run.sh", "--tier", tier, EXITS=str(tmp_path / "exits"))
+    done, calls = run(
+        repo, env, "bash", "tests/run.sh", "--tier", tier, EXITS=str(tmp_path / "exits"), LOW_EXIT=low or "0"
+    )
     assert done.returncode == status, done.stdout + done.stderr
     assert len([call for call in calls if " -m pytest " in call]) == (1 if tier == "unit" else 2), calls
 

@@ -14,6 +14,7 @@ SCRIPTS = [
     "tests/run.sh",
     "tests/cluster/install.sh",
     "tests/cluster/build-images.sh",
+    "tests/cluster/low-torch.sh",
     "tests/e2e/kind-e2e.sh",
 ]
 

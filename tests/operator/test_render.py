@@ -248,6 +248,7 @@ def test_pod_shape() -> None:
             "runAsGroup": 10001,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
 

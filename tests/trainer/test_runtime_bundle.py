@@ -109,6 +109,16 @@ def test_install_writes_files_any_user_reads(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
+def test_install_leaves_the_volume_root_alone(tmp_path: Path) -> None:
+    """The init container's user may not own the emptyDir's root (0777, root's): no chmod of it."""
+    into = tmp_path / "volume"
+    into.mkdir(mode=0o777)
+    into.chmod(0o777)
+    runtime_bundle.install(into)
+    assert into.stat().st_mode & 0o777 == 0o777
+
+
+@pytest.mark.unit
 def test_main_says_what_it_wrote(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "kubetrain.trainer.runtime_bundle", str(tmp_path / "rt")],

@@ -53,8 +53,27 @@ def assert_present(name: Private) -> None:
         assert list(inspect.signature(method).parameters) == ["self", *name.params], name
 
 
+# What the canaries find missing in the other torch CI runs the runtime's tests on (tests/run.sh,
+# the lowest the README claims): known, reported as a fallback, and still checked, so that a
+# torch that brings the name back, or loses another, fails here.
+KNOWN_MISSING = {
+    # 2.8's _shutdown takes only death_sig: killing a broken gang at once falls back to torch's stop.
+    "2.8": {"LocalElasticAgent._shutdown(death_sig, timeout)"},
+}
+
+
+def torch_minor() -> str:
+    import torch
+
+    return ".".join(torch.__version__.split(".")[:2])
+
+
 @pytest.mark.parametrize("name", torch_private.NAMES, ids=str)
 def test_canary_every_private_name_and_signature_is_in_this_torch(name: Private) -> None:
+    if str(name) in KNOWN_MISSING.get(torch_minor(), set()):
+        with pytest.raises(AssertionError):
+            assert_present(name)
+        return
     assert_present(name)
 
 

@@ -73,7 +73,8 @@ def test_a_scripts_own_init_leaves_the_default_group_unpinned() -> None:
             [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
         )
         assert done.returncode == 0, done.stderr
-        outputs.append(done.stdout.strip())
+        # The last line: gloo of torch 2.8 prints "[Gloo] Rank 0 is connected to 0 peer ranks" first.
+        outputs.append(done.stdout.strip().splitlines()[-1])
     assert outputs[0] == "None", "with the hooks nothing pins the group"
     assert outputs[1] != "None", "without them the import after init pins it (the bug the hook closes)"
 
