@@ -4,8 +4,8 @@
 # README claims, in a venv of that torch beside the project's: tests/run.sh runs it in a full run,
 # after the unit and train tiers on the pinned torch. The venv is cached under
 # ${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain/venv-torch-<version> and rebuilt when pyproject.toml or
-# this script changes (~4 min cold: torch's CUDA wheels are 3.7 GB from PyPI); it installs kubetrain
-# editable, so it runs the sources through the project venv's link tree.
+# this script changes (~4 min cold: torch's CUDA wheels are 3.7 GB from PyPI); kubetrain itself is
+# installed editable from the checkout that runs it, every time.
 #   bash tests/cluster/low-torch.sh [pytest args...]      (KUBETRAIN_VENV: the project's venv)
 set -euo pipefail
 shopt -s inherit_errexit
@@ -37,8 +37,10 @@ wanted = {"pytest", "pytest-timeout", "pytest-xdist", "psutil", "jsonschema", "v
 print("\n".join(pin for pin in dev if pin.split("=")[0].split(">")[0] in wanted))
 PY
   )
-  "$VENV/bin/python" -m pip install -q "torch==$LOW_TORCH" -e ".[worker,local]" "${DEPS[@]}" \
-    --config-settings editable_mode=strict
+  "$VENV/bin/python" -m pip install -q "torch==$LOW_TORCH" ".[worker,local]" "${DEPS[@]}"
   touch "$VENV/.kubetrain-$KEY"
 fi
+# kubetrain itself from this checkout, every run (seconds): the cached venv may have been made by
+# another one (CI's clean clone is a new path each time).
+"$VENV/bin/python" -m pip install -q --no-deps -e . --config-settings editable_mode=strict
 exec "$VENV/bin/python" -m pytest -m "unit or train" "$@" "${RUNTIME_TESTS[@]}"
