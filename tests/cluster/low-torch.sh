@@ -37,10 +37,15 @@ wanted = {"pytest", "pytest-timeout", "pytest-xdist", "psutil", "jsonschema", "v
 print("\n".join(pin for pin in dev if pin.split("=")[0].split(">")[0] in wanted))
 PY
   )
-  "$VENV/bin/python" -m pip install -q "torch==$LOW_TORCH" ".[worker,local]" "${DEPS[@]}"
+  # Editable from the start: a regular install replaced by an editable one later leaves an empty
+  # site-packages/kubetrain/, which imports as a namespace package (the bundle's tests need a
+  # Python without kubetrain on that path).
+  "$VENV/bin/python" -m pip install -q "torch==$LOW_TORCH" -e ".[worker,local]" "${DEPS[@]}" \
+    --config-settings editable_mode=strict
   touch "$VENV/.kubetrain-$KEY"
+else
+  # kubetrain itself from this checkout (seconds): the venv may have been made by another one
+  # (CI's clean clone is a new path each time).
+  "$VENV/bin/python" -m pip install -q --no-deps -e . --config-settings editable_mode=strict
 fi
-# kubetrain itself from this checkout, every run (seconds): the cached venv may have been made by
-# another one (CI's clean clone is a new path each time).
-"$VENV/bin/python" -m pip install -q --no-deps -e . --config-settings editable_mode=strict
 exec "$VENV/bin/python" -m pytest -m "unit or train" "$@" "${RUNTIME_TESTS[@]}"
