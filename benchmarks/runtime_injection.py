@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -33,21 +34,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests")]
 
-from support.realjobs import RealJobs, real_jobs, records  # noqa: E402
+from support.realjobs import RealJobs, ready, real_jobs, records  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "runtime_injection.json"
 NAMESPACE = "injection"
-
-
-def _pods(jobs: RealJobs, name: str) -> list[dict[str, Any]]:
-    out = jobs.kubectl("get", "pods", "-n", NAMESPACE, "-l", f"kubetrain.dev/job-name={name}", "-o", "json").stdout
-    pods: list[dict[str, Any]] = json.loads(out)["items"]
-    return pods
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
 
 
 def _seconds(start: str, end: str) -> float:
@@ -59,7 +50,7 @@ def measure(jobs: RealJobs, name: str, inject: bool) -> dict[str, Any]:
     created_wall, created = time.time(), time.monotonic()
     # Long enough to be running while it is watched; deleted once measured.
     volume = jobs.create(name, inject_runtime=inject, training={"epochs": 50})
-    pods = wait_for(lambda: len(p := _pods(jobs, name)) == 2 and all(map(_ready, p)) and p, 600, f"{name} Ready")
+    pods = wait_for(lambda: len(p := jobs.pod_objects(name)) == 2 and all(map(ready, p)) and p, 600, f"{name} Ready")
     ready_s = time.monotonic() - created
     start = wait_for(lambda: next((r for r in records(volume) if r["event"] == "start"), None), 600, "start")
     init = []
@@ -99,6 +90,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
+    # SIGTERM (a `kill`, a CI timeout) unwinds like an exception, so the node, the operator and their
+    # mounts are torn down: killed outright, this process left operators and kubelet mounts behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as work, real_jobs(Path(work), NAMESPACE, overlay=False) as jobs:
         for repeat in range(args.repeats):

@@ -13,33 +13,21 @@ must turn Ready (the injected agent answers the readiness probe), and:
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from support import images, nodepods
-from support.controlplane import Unavailable
-from support.realjobs import RealJobs, real_jobs, records, worker_pids
+from support import images
+from support.realjobs import RealJobs, ready, records, worker_pids
 from support.waiting import wait_for
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(40 * 60)]
 
 NAMESPACE = "guest"
 SAVE_STEPS = 20
-
-
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealJobs]:
-    nodepods.node_or_skip()
-    try:
-        with real_jobs(tmp_path_factory.mktemp("guest"), NAMESPACE) as running:
-            yield running
-    except Unavailable as missing:
-        pytest.skip(str(missing))
 
 
 def condition(job: dict[str, Any], kind: str) -> bool:
@@ -50,7 +38,7 @@ def hf_args(max_steps: int) -> list[str]:
     return ["--max_steps", str(max_steps), "--save_steps", str(SAVE_STEPS)]
 
 
-def guest_job(jobs: RealJobs, name: str, script: str, args: list[str]) -> Any:
+def guest_job(jobs: RealJobs, name: str, script: str, args: list[str]) -> Path:
     return jobs.create(
         name,
         image=images.GUEST_REF,
@@ -60,23 +48,11 @@ def guest_job(jobs: RealJobs, name: str, script: str, args: list[str]) -> Any:
     )
 
 
-def all_pods(jobs: RealJobs, name: str) -> list[dict[str, Any]]:
-    """The job's pods, those being deleted too."""
-    out = jobs.kubectl("get", "pods", "-n", NAMESPACE, "-l", f"kubetrain.dev/job-name={name}", "-o", "json").stdout
-    pods: list[dict[str, Any]] = json.loads(out)["items"]
-    return pods
-
-
 def pods_ready(jobs: RealJobs, name: str, attempt: int) -> dict[str, str] | None:
-    """Pod name -> uid once every pod of `attempt` is Ready."""
-    pods = [p for p in all_pods(jobs, name) if not p["metadata"].get("deletionTimestamp")]
-    ready = [
-        p
-        for p in pods
-        if p["metadata"]["labels"].get("kubetrain.dev/attempt") == str(attempt)
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
-    ]
-    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in ready} if len(ready) == len(pods) == 2 else None
+    """Pod name -> uid once both pods of `attempt` are Ready."""
+    pods = [p for p in jobs.pod_objects(name) if not p["metadata"].get("deletionTimestamp")]
+    ours = [p for p in pods if p["metadata"]["labels"].get("kubetrain.dev/attempt") == str(attempt) and ready(p)]
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in ours} if len(ours) == len(pods) == 2 else None
 
 
 def test_hugging_face_deleted_pod_loses_no_step_and_goes_in_seconds(jobs: RealJobs) -> None:
@@ -93,7 +69,7 @@ def test_hugging_face_deleted_pod_loses_no_step_and_goes_in_seconds(jobs: RealJo
     uid = jobs.pods("hf")["hf-node-1"]
     jobs.kubectl("delete", "pod", "hf-node-1", "-n", NAMESPACE, "--wait=false")
     deleted = time.monotonic()
-    wait_for(lambda: uid not in {p["metadata"]["uid"] for p in all_pods(jobs, "hf")}, 150, "the deleted pod gone")
+    wait_for(lambda: uid not in {p["metadata"]["uid"] for p in jobs.pod_objects("hf")}, 150, "the deleted pod gone")
     gone_s = time.monotonic() - deleted
     job = jobs.wait("hf", lambda j: j["status"].get("attempt") == 1 and j, "attempt 1", 300)
     resumed = wait_for(

@@ -6,28 +6,15 @@ trainer on an image built from other sources: see support/realjobs.py.)"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support import nodepods
-from support.controlplane import Unavailable
-from support.realjobs import RealJobs, real_jobs, records
+from support.realjobs import RealJobs, records
 from support.waiting import wait_for
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(40 * 60)]
 
 NAMESPACE = "inplace"
-
-
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealJobs]:
-    nodepods.node_or_skip()
-    try:
-        with real_jobs(tmp_path_factory.mktemp("in-place"), NAMESPACE) as running:
-            yield running
-    except Unavailable as missing:
-        pytest.skip(str(missing))
 
 
 def condition(job: dict[str, Any], kind: str) -> dict[str, Any] | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from support.controlplane import free_ports
+from support.daemons import die_with_parent
 from support.waiting import http_ok, wait_for
 
 TEST_AGENT_KEY = "kubetrain-tests-agent-key"
@@ -99,7 +100,10 @@ class OperatorProcess:
         with self.log_path.open("ab") as log:
             log.write(f"\n=== start {time.strftime('%H:%M:%S')} {' '.join(args)}\n".encode())
             env = {**env, "KUBECONFIG": str(self.kubeconfig)}
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+            # A test or benchmark killed without its teardown must not leave the operator running.
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent
+            )
 
     def _probe(self, path: str) -> bool:
         assert self.proc is not None

@@ -168,12 +168,17 @@ class RealJobs:
     def wait(self, name: str, predicate: Callable[[dict[str, Any]], Any], what: str, timeout: float = 600) -> Any:
         return wait_for(lambda: predicate(self.job(name)), timeout, f"{name}: {what}", interval=0.2)
 
+    def pod_objects(self, name: str) -> list[dict[str, Any]]:
+        """The job's pods as the API serves them, those being deleted too."""
+        out = self.kubectl("get", "pods", "-n", self.namespace, "-l", f"kubetrain.dev/job-name={name}", "-o", "json")
+        found: list[dict[str, Any]] = json.loads(out.stdout)["items"]
+        return found
+
     def pods(self, name: str) -> dict[str, str]:
         """Pod name -> uid of the job's pods that are not being deleted."""
-        out = self.kubectl("get", "pods", "-n", self.namespace, "-l", f"kubetrain.dev/job-name={name}", "-o", "json")
         return {
             p["metadata"]["name"]: p["metadata"]["uid"]
-            for p in json.loads(out.stdout)["items"]
+            for p in self.pod_objects(name)
             if not p["metadata"].get("deletionTimestamp")
         }
 
@@ -210,6 +215,11 @@ def real_jobs(workdir: Path, namespace: str, *, overlay: bool | None = None) -> 
             yield RealJobs(node, namespace, tree, operator)
         finally:
             operator.stop()
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    """Whether the pod's Ready condition is True (in-place jobs: its torchrun agent runs its workers)."""
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
 
 
 def worker_pids(job: str, namespace: str, node_rank: int) -> list[int]:
