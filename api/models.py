@@ -706,8 +706,9 @@ class LastCheckpoint(StrictModel):
         None,
         max_length=64,
         description=(
-            "Why it was taken: periodic (everySteps/everySeconds), epoch, final, or signal (the pod was being "
-            "stopped: deleted, evicted, preempted, suspended); the next attempt resumes from it."
+            "Why it was taken: periodic (everySteps/everySeconds), epoch, final, signal (the pod was being "
+            "stopped: deleted, evicted, preempted, suspended), or peer_lost (a peer process died and a survivor "
+            "saved the step the gang had reached); the next attempt resumes from it."
         ),
     )
 

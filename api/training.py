@@ -75,7 +75,23 @@ class TrainingSpec(StrictModel):
         description="Stop after this many optimizer steps even if epochs remain (quick experiments).",
     )
     batch_size: int = Field(
-        32, ge=1, le=65_536, description="Batch size per process (global batch = this x worldSize x gradAccumSteps)."
+        32,
+        ge=1,
+        le=65_536,
+        description=(
+            "Micro-batch per process: the most samples one forward pass takes. Without globalBatchSize the "
+            "global batch is this x worldSize x gradAccumSteps."
+        ),
+    )
+    global_batch_size: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 30,
+        description=(
+            "Samples per optimizer step, the same at any number of processes: each process trains its share in "
+            "micro-batches of batchSize, accumulating as many as it needs (gradAccumSteps is then ignored). Set "
+            "it, and a checkpoint resumes at another world size: every sample of an epoch is still trained once."
+        ),
     )
     learning_rate: float = Field(0.01, gt=0.0, le=10.0, description="Peak learning rate.")
     optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Optimizer.")
@@ -90,7 +106,9 @@ class TrainingSpec(StrictModel):
         description="Micro-batches per optimizer step; gradients sync only on the last one (DDP no_sync).",
     )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for weights, shuffling and dropout.")
-    drop_last: bool = Field(True, description="Drop the last incomplete batch of each shard.")
+    drop_last: bool = Field(
+        True, description="Drop each epoch's last global batch when it is short; false trains it as a shorter step."
+    )
     num_workers: int = Field(0, ge=0, le=64, description="DataLoader worker processes per training process.")
     bf16: bool = Field(False, description="bf16 autocast for forward/backward (GPU only).")
     log_every_steps: int = Field(10, ge=1, le=1_000_000, description="Rank 0 logs a metrics line every N steps.")
@@ -191,6 +209,8 @@ class TrainConfig(StrictModel):
                 "num_workers",
             }
         )
+        if relevant.get("global_batch_size") is None:  # the fingerprints from before the field stay valid
+            relevant.pop("global_batch_size", None)
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
     @classmethod

@@ -17,7 +17,7 @@ makes the agent:
    every agent registered (or CONSOLIDATE_S passed) print a `failure` record naming the gang's
    first failure: its node, process rank, exit code, reason (OOMKilled when the pod's cgroup
    counted an OOM kill meanwhile) and message. The first is a cause before a consequence (a
-   worker whose error says its peer's connection went away, `PEER_LOST`, died because another
+   worker whose error says its peer's connection went away (survivor.PEER_LOST) died because another
    did), then the worker that died first (timed by ExitTimes), then the lowest node;
 3. hold until the operator orders a later attempt: its decision (operator/status.py `decide`:
    counted, judged by the failure policy), applied by relabelling the living pods and by a
@@ -64,7 +64,7 @@ from kubetrain.api.contract import (
     READY_PATH,
     order_signature,
 )
-from kubetrain.trainer import reach, torch_private, warmstart
+from kubetrain.trainer import reach, survivor, torch_private, warmstart
 
 log = logging.getLogger("kubetrain.agent")
 
@@ -74,7 +74,7 @@ HOLD_REPORT_S = 10.0  # how often a holding agent says it still waits
 # registers within a monitor interval (0.1 s) or two, so the wait ends long before this; it runs
 # out only where an agent is gone (its pod is failing anyway) or a loaded node lags by seconds.
 CONSOLIDATE_S = 5.0
-STORE_PREFIX = "kubetrain/gang"
+STORE_PREFIX = survivor.STORE_PREFIX
 MESSAGE_BYTES = 2048
 MAX_ORDER_BYTES = 1024
 STOP_TIMEOUT_S = 10  # for a killed worker to be reaped (one in uninterruptible sleep may never be)
@@ -84,15 +84,6 @@ OOM_EVENTS = (Path("/sys/fs/cgroup/memory.events"), Path("/sys/fs/cgroup/memory/
 # turns SIGTERM into an Exception (SignalException) raised wherever the agent is, and one caught
 # here would leave the pod's agent running until its grace period ran out.
 STORE_ERRORS = (RuntimeError, OSError, ValueError)
-# How a worker's error reads when a peer process died under it (gloo, NCCL): the consequence of
-# another failure, blamed only when no other worker failed. Timestamps alone cannot tell which
-# came first when the two deaths are milliseconds apart on different nodes' clocks.
-PEER_LOST = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "remote process exited",
-    "ncclRemoteError",
-)
 
 
 def enabled() -> bool:
@@ -235,9 +226,8 @@ def error_text(message: Any) -> str:
 
 
 def peer_lost(message: Any) -> bool:
-    """Whether a worker's error says a peer process went away under it (PEER_LOST)."""
-    text = error_text(message)
-    return any(sign in text for sign in PEER_LOST)
+    """Whether a worker's error says a peer process went away under it (survivor.PEER_LOST)."""
+    return survivor.peer_lost(error_text(message))
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -268,6 +258,15 @@ class ExitTimes:
 
     def of(self, pid: int) -> float:
         return self.times.get(pid, time.time())
+
+    def wait(self, pids: list[int], timeout: float) -> bool:
+        """Until every one of `pids` has exited (True) or `timeout` passed (False)."""
+        deadline = time.monotonic() + timeout
+        while any(pid not in self.times for pid in pids):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
 
 
 class InPlace:
@@ -330,6 +329,7 @@ class InPlace:
             result = poll()
             own = result.state in (states.FAILED, states.UNHEALTHY)
         self.port.ready = False
+        self._await_survivors(group)
         stop(agent, group)
         self._register(group, result if own else None)
         failure = self._consolidate(group)
@@ -341,6 +341,22 @@ class InPlace:
         self.attempt = attempt
         torch_private.initialize_workers(agent, group)  # the static rendezvous again, then our before/after hooks
         return type(result)(state=group.state)
+
+    def _await_survivors(self, group: Any) -> None:
+        """Once the attempt's trainer armed the survivor's save (kubetrain.trainer.survivor), give the
+        workers up to its grace to save the last step and exit on their own."""
+        try:
+            armed = group.store.check([survivor.key(self.attempt, survivor.ARMED_KEY)])
+        except STORE_ERRORS:  # node 0's agent gone: the survivors save without an election
+            armed = True
+        if not armed:
+            return
+        pids = [worker.id for worker in group.workers if isinstance(worker.id, int)]
+        started = time.monotonic()
+        if self.exits.wait(pids, survivor.grace_s()):
+            log.info("the workers exited on their own in %.2f s", time.monotonic() - started)
+        else:
+            log.warning("workers still running %.0f s after the gang's failure: killing them", survivor.grace_s())
 
     def _key(self, *parts: object) -> str:
         return "/".join([STORE_PREFIX, str(self.attempt), *map(str, parts)])

@@ -93,13 +93,24 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
 
 
 def write_checkpoint(
-    directory: str | Path, step: int, payload: dict[str, Any], meta: dict[str, Any], *, durable: bool = True
+    directory: str | Path,
+    step: int,
+    payload: dict[str, Any],
+    meta: dict[str, Any],
+    *,
+    durable: bool = True,
+    writer: str = "",
 ) -> Path:
     """Write `step-<step>/` atomically (see the module docstring) and return its path. Without
-    `durable` nothing is fsynced (a staged copy, made durable by its upload)."""
+    `durable` nothing is fsynced (a staged copy, made durable by its upload). With `writer` (a
+    survivor's save, kubetrain.trainer.survivor), other processes may write the same step at the
+    same time: the first rename wins, and a `step-<step>/` already there is kept, not replaced."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f"{_TMP_PREFIX}step-{step}-{os.getpid()}"
+    final = directory / f"step-{step}"
+    if writer and final.exists():
+        return final
+    tmp = directory / f"{_TMP_PREFIX}step-{step}-{os.getpid()}{writer}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
@@ -110,12 +121,17 @@ def write_checkpoint(
         sync(f.fileno())
     if durable:
         _fsync_dir(tmp)
-    final = directory / f"step-{step}"
-    if final.exists():
+    if final.exists() and not writer:
         # Left by a run killed between the rename and meta.json (a complete one is never
         # rewritten: the loop saves each step at most once).
         shutil.rmtree(final)
-    os.rename(tmp, final)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not writer or not final.exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another survivor's rename came first
+        return final
     if durable:
         _fsync_dir(directory)
     meta_tmp = final / f"{_TMP_PREFIX}{META_FILE}"
@@ -175,7 +191,10 @@ def rng_state(generators: list[torch.Generator] | None = None) -> dict[str, Any]
     }
 
 
-def set_rng_state(state: dict[str, Any], generators: list[torch.Generator] | None = None) -> None:
+def set_rng_state(state: dict[str, Any] | None, generators: list[torch.Generator] | None = None) -> None:
+    """Restore what `rng_state` took; None (a rank the checkpoint has no state of) keeps the current."""
+    if state is None:
+        return
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -202,6 +221,13 @@ class Checkpointer:
     `time_vote()` to every rank (the built-in loop packs it into the collective it already
     makes on log steps) and passes the agreed vote to `due`.
 
+    With `resizable` a checkpoint written by another number of processes is resumed too (the
+    state must say where the run is in a way that holds at any size: kubetrain.trainer.cursor);
+    the ranks it had no RNG state of keep their own. Without it such a resume is refused.
+
+    `save_alone` is the save of a rank whose peers are gone (kubetrain.trainer.survivor): no
+    collective, and only its own RNG state.
+
     With `object_store` the checkpoints are committed to it (the module docstring); `job` and
     `attempt` (default: KUBETRAIN_JOB_UID and KUBETRAIN_ATTEMPT) fence a stale attempt's commits.
     With `metrics`, rank 0 logs a `checkpoint` record once a checkpoint is committed (an
@@ -224,8 +250,10 @@ class Checkpointer:
         metrics: MetricsLogger | None = None,
         job: str | None = None,
         attempt: int | None = None,
+        resizable: bool = False,
     ) -> None:
         self.directory = Path(directory)
+        self.resizable = resizable
         self.rank = rank
         self.world_size = world_size
         self.keep = keep
@@ -244,16 +272,22 @@ class Checkpointer:
         self.object_store = object_store
         self._store: ObjectStore | None = None
         self._uploader: Uploader | None = None
+        self._identity = (job, attempt)
         if object_store is not None and rank == 0:
             from kubetrain.trainer import objectstore
 
-            default_job, default_attempt = objectstore.job_identity()
-            self._store = objectstore.ObjectStore(
-                object_store,
-                job=default_job if job is None else job,
-                attempt=default_attempt if attempt is None else attempt,
-            )
+            self._store = self._open_store(object_store)
             self._uploader = objectstore.Uploader(self._store, keep, _warn)
+
+    def _open_store(self, config: ObjectStoreConfig) -> ObjectStore:
+        """The store as this job's attempt (default: KUBETRAIN_JOB_UID and KUBETRAIN_ATTEMPT) writes it."""
+        from kubetrain.trainer import objectstore
+
+        default_job, default_attempt = objectstore.job_identity()
+        job, attempt = self._identity
+        return objectstore.ObjectStore(
+            config, job=default_job if job is None else job, attempt=default_attempt if attempt is None else attempt
+        )
 
     @property
     def location(self) -> str:
@@ -323,6 +357,30 @@ class Checkpointer:
             self.wait()
         return store.url(store.payload_dir(step))
 
+    def save_alone(self, step: int, state: dict[str, Any], *, reason: str, epoch: int | None = None) -> str:
+        """Save `state` from this rank alone, committed before it returns; its peers are gone, so no
+        collective runs and the other ranks' RNG states are absent (None). Other survivors may save
+        the same step at the same time: one copy is kept. Returns where it went."""
+        ranks: list[Any] = [None] * self.world_size
+        ranks[self.rank] = rng_state(self.generators)
+        meta = {"fingerprint": self.fingerprint, "world_size": self.world_size, "reason": reason}
+        epoch = epoch if epoch is not None else _int(state.get("epoch"))
+        payload = {"state": state, "ranks": ranks}
+        writer = f"-rank{self.rank}"
+        self.last_step = step
+        if self.object_store is None:
+            path = write_checkpoint(self.directory, step, payload, meta, writer=writer)
+            self._record("checkpoint", step=step, epoch=epoch, path=str(path), reason=reason)
+            return str(path)
+        store = self._store or self._open_store(self.object_store)
+        staged = write_checkpoint(self.directory / STAGING_SUBDIR, step, payload, meta, durable=False, writer=writer)
+        key, size, digest = store.upload(step, staged / STATE_FILE)
+        store.commit(step, key, size, digest, full_meta(step, meta))
+        shutil.rmtree(staged, ignore_errors=True)
+        where = store.url(store.payload_dir(step))
+        self._record("checkpoint", step=step, epoch=epoch, path=where, reason=reason)
+        return where
+
     def wait(self) -> None:
         """Rank 0: until the last save is committed (a no-op on a volume and on other ranks).
         Raises CheckpointError if it was not."""
@@ -360,10 +418,11 @@ class Checkpointer:
                 f"(fingerprint {meta.get('fingerprint')}, this run {self.fingerprint}); use a new "
                 "checkpoint dir or restore the original training settings"
             )
-        if meta.get("world_size") != self.world_size:
+        if meta.get("world_size") != self.world_size and not self.resizable:
             return (
                 f"refusing to resume {path}: it was written by {meta.get('world_size')} processes and this "
-                f"run has {self.world_size}; the data order and RNG streams would not continue"
+                f"run has {self.world_size}; the data order and RNG streams would not continue (the built-in "
+                "trainer resumes at any size when training.globalBatchSize is set)"
             )
         return None
 
@@ -417,6 +476,8 @@ class Checkpointer:
         if where is None:
             return None
         ranks = payload["ranks"] if payload is not None else None
+        if ranks is not None and len(ranks) != self.world_size:  # resizable: resumed at another size
+            ranks = (list(ranks) + [None] * self.world_size)[: self.world_size]
         state: list[Any] = [payload["state"] if payload is not None else None]
         mine: list[Any] = [ranks[0] if ranks else None]
         if self.world_size > 1:

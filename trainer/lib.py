@@ -27,6 +27,23 @@ A DataLoader of your own with `num_workers > 0` needs `worker_init_fn=lib.loader
 `watchdog = lib.HangWatchdog(ctx.local_rank)` and `watchdog.beat()` once per step give a Stalled
 restart every rank's stacks to name the rank that hung (kubetrain.trainer.watchdog).
 
+A training that keeps its global batch at any world size, resumes a checkpoint at another one,
+and loses no step when a peer dies (the built-in trainer's data contract, kubetrain.trainer.cursor):
+
+    loader = lib.CursorLoader(train_set, global_batch=96, micro_batch=32, rank=ctx.rank, world_size=ctx.world_size)
+    ckpt = lib.checkpointer("/tmp/ckpt", ctx, resizable=True)   # the state below holds at any size
+    survivor = lib.Survivor(ctx.rank, ctx.agent_store)
+    try:
+        for step_data in loader.steps(epoch, cursor):             # (epoch, cursor) from the checkpoint
+            loss = lib.accumulate_gradients(model, iter(step_data.micro), len(step_data.micro),
+                                            weights=step_data.weights)
+            optimizer.step(); optimizer.zero_grad(); step += 1; cursor = step_data.cursor
+            survivor.arm()                                        # the agents let a survivor save
+            ...
+    except Exception as error:                                    # a peer died: the lowest survivor
+        survivor.save(error, ckpt, step, {"model": ..., "epoch": epoch, "cursor": cursor, "step": step})
+        raise
+
 `lib.context()` returns the same `ctx` anywhere inside the block, and the context of a group the
 script initialised itself (`dist.init_process_group`). A function run by kubetrain.client's
 `train()` starts with `ctx = lib.context()`, which sets its group up on first use (the job's
@@ -45,11 +62,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kubetrain.api.training import CONFIG_ENV, ObjectStoreConfig, TrainConfig
 from kubetrain.trainer.checkpoint import Checkpointer, CheckpointError, latest_checkpoint
+from kubetrain.trainer.cursor import CursorLoader, GlobalBatches, Step
 from kubetrain.trainer.data import ShardedLoader, eval_loader, sharded_loader
 from kubetrain.trainer.dist import ContractError, DistContext, barrier, distributed, finish, setup, teardown
 from kubetrain.trainer.dist import current as context
 from kubetrain.trainer.metrics import MetricsLogger, configure_logging
 from kubetrain.trainer.stopping import EXIT_STOPPED, StopSignal, loader_worker_init
+from kubetrain.trainer.survivor import Survivor
 from kubetrain.trainer.train import accumulate_gradients, evaluate
 from kubetrain.trainer.watchdog import HangWatchdog
 
@@ -59,11 +78,15 @@ __all__ = [
     "CheckpointError",
     "Checkpointer",
     "ContractError",
+    "CursorLoader",
     "DistContext",
+    "GlobalBatches",
     "HangWatchdog",
     "MetricsLogger",
     "ShardedLoader",
+    "Step",
     "StopSignal",
+    "Survivor",
     "accumulate_gradients",
     "barrier",
     "checkpoint_dir",

@@ -41,6 +41,7 @@ RUNTIME_MODULES = (
     "kubetrain.trainer.reach",
     "kubetrain.trainer.step_watch",
     "kubetrain.trainer.stopping",
+    "kubetrain.trainer.survivor",
     "kubetrain.trainer.torch_private",
     "kubetrain.trainer.torchrun_hooks",
     "kubetrain.trainer.warmstart",

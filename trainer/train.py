@@ -1,5 +1,10 @@
 """The built-in training loop: build -> load -> loop(step, log if due, save if due) -> evaluate -> done.
 
+Each step trains the next global batch of the epoch's seeded order (kubetrain.trainer.cursor):
+where the run is, is (epoch, cursor), and with `globalBatchSize` a checkpoint resumes at any
+world size. Dropout draws from a stream seeded by (seed, step, rank) at every step, so a resume
+needs no RNG state, and a survivor can save alone when a peer dies (kubetrain.trainer.survivor).
+
 Per-step cost over a hand-written DDP loop is kept to nothing measurable: the loss stays on
 the device and is summed across ranks only on log steps (one all_reduce that also carries
 rank 0's time-based save vote), and no `.item()` runs on other steps.
@@ -21,13 +26,16 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kubetrain.api.training import TrainConfig, TrainingSpec
-from kubetrain.trainer.checkpoint import Checkpointer
-from kubetrain.trainer.data import ShardedLoader, eval_loader, load_splits, sharded_loader
+from kubetrain.trainer import survivor
+from kubetrain.trainer.checkpoint import Checkpointer, CheckpointError
+from kubetrain.trainer.cursor import CursorLoader, Step
+from kubetrain.trainer.data import eval_loader, load_splits
 from kubetrain.trainer.dist import DistContext
 from kubetrain.trainer.faults import FaultPoint
+from kubetrain.trainer.ledger import Indexed, SampleLedger
 from kubetrain.trainer.metrics import MetricsLogger, log
 from kubetrain.trainer.model import build_model
-from kubetrain.trainer.stopping import Stopped, StopSignal
+from kubetrain.trainer.stopping import Stopped, StopSignal, loader_worker_init
 from kubetrain.trainer.watchdog import HangWatchdog
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -48,26 +56,33 @@ def accumulate_gradients(
     loss_fn: LossFn = F.cross_entropy,
     device: torch.device | None = None,
     bf16: bool = False,
+    weights: list[float] | None = None,
 ) -> torch.Tensor:
     """Forward and backward `count` micro-batches; gradients all-reduce only on the last one.
 
-    Each loss is divided by `count`, so the gradients equal those of one step on the
-    concatenated batch. For a DDP model every micro-batch but the last runs forward *and*
-    backward inside `no_sync()`: DDP decides in the forward whether the backward syncs.
-    Returns the summed (already divided) loss as a device tensor, without a host sync.
+    Each (mean) loss is multiplied by its weight, 1/count by default: the gradients then equal
+    those of one step on the concatenated batch. With micro-batches of different sizes, weigh each
+    by its share of the step (kubetrain.trainer.cursor.weight). For a DDP model every micro-batch
+    but the last runs forward *and* backward inside `no_sync()`: DDP decides in the forward
+    whether the backward syncs. An empty micro-batch adds no gradient but still syncs when last.
+    Returns the summed (weighted) loss as a device tensor, without a host sync.
     """
     device = device or next(model.parameters()).device
+    weights = weights if weights is not None else [1.0 / count] * count
     total = torch.zeros((), device=device)
     for index in range(count):
-        x, y = next(micro_batches)
+        x, y, *_ = next(micro_batches)
         x = x.to(device, non_blocking=True)
         y = y.to(device, non_blocking=True)
         last = index == count - 1
         sync = contextlib.nullcontext() if last or not isinstance(model, DDP) else model.no_sync()
         with sync:
             with autocast_context(device, bf16):
-                loss = loss_fn(model(x), y) / count
-            loss.backward()  # type: ignore[no-untyped-call]
+                out = model(x)
+                # A rank with no sample this step (an epoch's tail shorter than the world) still
+                # takes part in the gradient all-reduce, with zeros.
+                loss = loss_fn(out, y) * weights[index] if len(y) else out.sum() * 0.0
+            loss.backward()
         total += loss.detach().float()
     return total
 
@@ -112,13 +127,18 @@ class TrainState:
 
     step: int = 0  # optimizer steps done
     epoch: int = 0  # the epoch being trained
-    batch_in_epoch: int = 0  # micro-batches of this epoch already consumed
+    cursor: int = 0  # samples of this epoch's order already trained, by all ranks together
 
     def state_dict(self) -> dict[str, int]:
         return asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        if "cursor" not in state:
+            raise CheckpointError(
+                "the checkpoint was written by an older trainer (its data position is per rank): resume it "
+                "with the image that wrote it, or start a new checkpoint dir"
+            )
+        self.step, self.epoch, self.cursor = state["step"], state["epoch"], state["cursor"]
 
 
 class LogWindow:
@@ -174,7 +194,7 @@ class Run:
     model: DDP
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
-    loader: ShardedLoader
+    loader: CursorLoader  # this rank's part of each global batch, step by step, from a position
     test_loader: Any
     checkpointer: Checkpointer
     metrics: MetricsLogger
@@ -184,6 +204,8 @@ class Run:
     fault: FaultPoint  # KUBETRAIN_FAULT (drills and tests); inert without it
     stop: StopSignal  # SIGTERM/SIGINT: every rank stops at one step boundary, checkpointed
     watchdog: HangWatchdog  # with hangTimeoutSeconds: stacks to the log when steps stop
+    survivor: survivor.Survivor  # when a peer dies: the lowest survivor saves the last step
+    ledger: SampleLedger | None  # KUBETRAIN_SAMPLE_LEDGER: every step's sample indices (tests)
 
     def state_dict(self, state: TrainState) -> dict[str, Any]:
         return {
@@ -203,17 +225,11 @@ class Run:
         return state
 
 
-def _steps(spec: TrainingSpec, batches: int) -> tuple[int, int]:
-    """(optimizer steps per epoch, total steps) for a shard of `batches` batches."""
-    accum = spec.grad_accum_steps
-    steps_per_epoch = batches // accum
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"each rank's shard has {batches} batches of {spec.batch_size}, fewer than gradAccumSteps={accum}: "
-            "lower batchSize or gradAccumSteps, or use more data"
-        )
-    total_steps = spec.epochs * steps_per_epoch
-    return steps_per_epoch, total_steps if spec.max_steps is None else min(total_steps, spec.max_steps)
+def global_batch(spec: TrainingSpec, world_size: int) -> int:
+    """Samples per optimizer step: `globalBatchSize`, else batchSize x gradAccumSteps x world size."""
+    if spec.global_batch_size is not None:
+        return spec.global_batch_size
+    return spec.batch_size * spec.grad_accum_steps * world_size
 
 
 def build(config: TrainConfig, ctx: DistContext) -> Run:
@@ -223,23 +239,26 @@ def build(config: TrainConfig, ctx: DistContext) -> Run:
         log.warning("bf16 autocast needs a GPU; training in float32")
     splits = load_splits(spec)
     rank, world, pin = ctx.rank, ctx.world_size, device.type == "cuda"
-    loader = sharded_loader(
-        splits.train,
-        batch_size=spec.batch_size,
+    ledger = SampleLedger.from_env(rank, world)
+    loader = CursorLoader(
+        Indexed(splits.train) if ledger is not None else splits.train,
+        global_batch=global_batch(spec, world),
+        micro_batch=spec.batch_size,
         rank=rank,
         world_size=world,
         seed=spec.seed,
         drop_last=spec.drop_last,
         num_workers=spec.num_workers,
         pin_memory=pin,
+        generator=torch.Generator().manual_seed(spec.seed + rank),
+        worker_init_fn=loader_worker_init,  # a stop signal leaves the batches coming until the rank saves
     )
     eval_batch = max(spec.batch_size, 256)
     test_loader = eval_loader(splits.test, batch_size=eval_batch, rank=rank, world_size=world, pin_memory=pin)
-    steps_per_epoch, total_steps = _steps(spec, len(loader))
-    # Identical initial weights on every rank; then a per-rank stream for dropout.
-    torch.manual_seed(spec.seed)
+    total_steps = spec.epochs * loader.steps_per_epoch
+    total_steps = total_steps if spec.max_steps is None else min(total_steps, spec.max_steps)
+    torch.manual_seed(spec.seed)  # identical initial weights on every rank
     module = build_model(spec, splits.input_shape, splits.num_classes).to(device)
-    torch.manual_seed(spec.seed + 1 + rank)
     model = DDP(module, device_ids=[ctx.local_rank] if device.type == "cuda" else None, gradient_as_bucket_view=True)
     optimizer = build_optimizer(spec, model.parameters())
     schedule = cosine_schedule(total_steps) if spec.lr_schedule == "cosine" else (lambda _: 1.0)
@@ -251,11 +270,11 @@ def build(config: TrainConfig, ctx: DistContext) -> Run:
         world_size=world,
         keep=ckpt.keep,
         fingerprint=fingerprint,
-        generators=[loader.generator],
         every_steps=ckpt.every_steps,
         every_seconds=ckpt.every_seconds,
         object_store=ckpt.object_store,
         metrics=metrics,
+        resizable=spec.global_batch_size is not None,
     )
     return Run(
         spec=spec,
@@ -269,11 +288,13 @@ def build(config: TrainConfig, ctx: DistContext) -> Run:
         checkpointer=checkpointer,
         metrics=metrics,
         fingerprint=fingerprint,
-        steps_per_epoch=steps_per_epoch,
+        steps_per_epoch=loader.steps_per_epoch,
         total_steps=total_steps,
         fault=FaultPoint.from_env(rank, ckpt.dir),
         stop=StopSignal(ctx),
         watchdog=HangWatchdog(ctx.local_rank),
+        survivor=survivor.Survivor(rank, ctx.agent_store),
+        ledger=ledger,
     )
 
 
@@ -284,6 +305,7 @@ def load(run: Run) -> TrainState:
     resumed_from = str(loaded[0]) if loaded is not None else None
     world, backend = run.ctx.world_size, run.ctx.backend
     fields = {"world_size": world, "backend": backend, "resumed_from": resumed_from}
+    fields["global_batch"] = run.loader.batches.global_batch
     run.metrics.emit("start", step=state.step, epoch=state.epoch, **fields)
     if resumed_from is not None:
         reason = run.checkpointer.loaded_reason
@@ -299,21 +321,41 @@ def save(run: Run, state: TrainState, reason: str) -> None:
     run.checkpointer.save(state.step, run.state_dict(state), reason=reason, epoch=state.epoch)
 
 
+def save_survivor(run: Run, state: TrainState, error: BaseException) -> None:
+    """When `error` says a peer died: the elected survivor saves the step the gang reached, alone
+    (kubetrain.trainer.survivor); its state is that of the last completed step."""
+    if not run.survivor.save(error, run.checkpointer, state.step, run.state_dict(state)):
+        return
+    log.info("the next attempt resumes at step %d", state.step)
+
+
 def evaluate_and_log(run: Run, state: TrainState) -> float:
     accuracy, eval_loss = evaluate(run.module, run.test_loader, run.ctx.device, bf16=run.spec.bf16)
     run.metrics.emit("eval", step=state.step, epoch=state.epoch, accuracy=accuracy, eval_loss=eval_loss)
     return accuracy
 
 
-def train_step(run: Run, micro_batches: Iterator[Batch], state: TrainState) -> torch.Tensor:
-    """One optimizer step over `gradAccumSteps` micro-batches; returns the loss as a device tensor."""
-    accum = run.spec.grad_accum_steps
-    loss = accumulate_gradients(run.model, micro_batches, accum, device=run.ctx.device, bf16=run.spec.bf16)
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """The seed of a rank's dropout stream for one step: a resume needs no RNG state, and no
+    rank's stream depends on another's (a survivor saves without its peers')."""
+    return (seed * 1_000_003 + step) * 4099 + rank
+
+
+def train_step(run: Run, step: Step, state: TrainState) -> torch.Tensor:
+    """One optimizer step over this rank's part of the next global batch; returns the loss as a
+    device tensor (this rank's share of the step's mean loss, times the world size)."""
+    torch.manual_seed(step_seed(run.spec.seed, state.step, run.ctx.rank))
+    micro = step.micro
+    loss = accumulate_gradients(
+        run.model, iter(micro), len(micro), device=run.ctx.device, bf16=run.spec.bf16, weights=step.weights
+    )
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     state.step += 1
-    state.batch_in_epoch += accum
+    if run.ledger is not None:
+        run.ledger.write(state, micro)
+    state.cursor = step.cursor
     return loss
 
 
@@ -329,11 +371,12 @@ def log_if_due(run: Run, state: TrainState, window: LogWindow) -> bool:
 
 
 def train_epoch(run: Run, state: TrainState, window: LogWindow) -> bool:
-    """Train the current epoch on from `state.batch_in_epoch`; False when maxSteps ended it early."""
-    batches_per_epoch = run.steps_per_epoch * run.spec.grad_accum_steps
-    micro = run.loader.epoch(state.epoch, skip_batches=state.batch_in_epoch)
-    while state.batch_in_epoch < batches_per_epoch and state.step < run.total_steps:
-        window.add(train_step(run, micro, state))
+    """Train the current epoch on from `state.cursor`; False when maxSteps ended it early."""
+    epoch_samples = run.loader.batches.epoch_samples
+    steps = run.loader.steps(state.epoch, state.cursor)
+    while state.cursor < epoch_samples and state.step < run.total_steps:
+        window.add(train_step(run, next(steps), state))
+        run.survivor.arm()
         run.watchdog.beat()
         run.fault.reached(state.step)
         time_vote = log_if_due(run, state, window)
@@ -342,10 +385,10 @@ def train_epoch(run: Run, state: TrainState, window: LogWindow) -> bool:
                 save(run, state, "signal")
             raise Stopped(state.step, run.stop.received)
         # The epoch-end save covers a save due on an epoch's last step.
-        if state.batch_in_epoch < batches_per_epoch and run.checkpointer.due(state.step, time_vote=time_vote):
+        if state.cursor < epoch_samples and run.checkpointer.due(state.step, time_vote=time_vote):
             with window.paused():
                 save(run, state, "periodic")
-    return state.batch_in_epoch == batches_per_epoch
+    return state.cursor >= epoch_samples
 
 
 def loop(run: Run, state: TrainState, window: LogWindow) -> float | None:
@@ -356,7 +399,7 @@ def loop(run: Run, state: TrainState, window: LogWindow) -> float | None:
             break
         with window.paused():
             accuracy = evaluate_and_log(run, state)
-            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+            state.epoch, state.cursor = state.epoch + 1, 0
             save(run, state, "epoch")
     return accuracy
 
@@ -366,15 +409,18 @@ def train(config: TrainConfig, ctx: DistContext) -> dict[str, Any]:
     run = build(config, ctx)
     try:
         state = load(run)
-        spec = run.spec
-        window = LogWindow(ctx.device, ctx.world_size, spec.batch_size * spec.grad_accum_steps * ctx.world_size)
-        accuracy = loop(run, state, window)
+        window = LogWindow(ctx.device, ctx.world_size, run.loader.batches.global_batch)
+        try:
+            accuracy = loop(run, state, window)
+        except Exception as error:
+            save_survivor(run, state, error)
+            raise
         run.watchdog.stop()
         run.stop.close()
         if run.checkpointer.last_step != state.step:
             save(run, state, "final")
         run.checkpointer.wait()  # an epoch save's upload still in flight
-        if accuracy is None or state.batch_in_epoch != 0:
+        if accuracy is None or state.cursor != 0:
             accuracy = evaluate_and_log(run, state)
         done = {"loss": window.last_loss, "accuracy": accuracy}
         run.metrics.emit("done", step=state.step, epoch=state.epoch, **done)

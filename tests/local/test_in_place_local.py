@@ -13,8 +13,10 @@ from support.local_runs import final_state, records, run_status, start_run, summ
 
 pytestmark = pytest.mark.train
 
-# 3 epochs of 22 steps; checkpoints at 20, 22 (epoch end), 40, 44, ...; node 1's worker is
-# SIGKILLed after step 30, so the gang resumes from step 22.
+# 3 epochs of 22 steps, saved at each epoch end only (no periodic saves); node 1's worker is
+# SIGKILLed after step 30. Node 0's worker, whose next collective fails, saves step 30 alone (the
+# survivor's save, kubetrain.trainer.survivor), so the gang resumes there: no step lost, where
+# the last save before the death was step 22's.
 JOB = {"epochs": 3, "logEverySteps": 5}
 FAULT = "kill,rank=1,step=30"
 PIDS = re.compile(r"\[kubetrain\] attempt (\d+): node-0 pid (\d+), node-1 pid (\d+)")
@@ -22,7 +24,7 @@ PIDS = re.compile(r"\[kubetrain\] attempt (\d+): node-0 pid (\d+), node-1 pid (\
 
 def test_a_crashed_worker_restarts_the_gang_in_place_with_the_same_agents_and_weights(tmp_path: Path) -> None:
     job = digits_job(**JOB)
-    job["spec"]["checkpoint"]["everySteps"] = 20
+    job["spec"]["checkpoint"].pop("everySteps")  # the example's 40 would not come before step 30 anyway
     faulty = copy.deepcopy(job)
     faulty["spec"]["env"] = [{"name": "KUBETRAIN_FAULT", "value": FAULT}]
 
@@ -53,7 +55,8 @@ def test_a_crashed_worker_restarts_the_gang_in_place_with_the_same_agents_and_we
 
     metrics = records(run_dir)
     resumed = [r for r in metrics if r["event"] == "resume"]
-    assert [r["step"] for r in resumed] == [22] and resumed[0]["attempt"] == 1
+    assert [r["step"] for r in resumed] == [30] and resumed[0]["attempt"] == 1
+    assert [r["reason"] for r in metrics if r["event"] == "checkpoint" and r["step"] == 30] == ["peer_lost"]
 
     expected, got = final_state(tmp_path / "reference")["state"]["model"], final_state(run_dir)["state"]["model"]
     assert expected.keys() == got.keys()

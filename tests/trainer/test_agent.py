@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from kubetrain.api.contract import order_signature
-from kubetrain.trainer import agent, warmstart
+from kubetrain.trainer import agent, survivor, warmstart
 from kubetrain.trainer.agent import AgentPort, InPlace, error_text, read_attempt
 
 pytestmark = pytest.mark.unit
@@ -539,3 +539,41 @@ def test_a_stop_signal_in_a_store_call_stops_the_agent(tmp_path: Path, monkeypat
         one._register(Group(Stopping(), 0, 2), Result({0: Failure(0, 1, time.time())}))
     with pytest.raises(SignalException):
         one._consolidate(Group(Stopping(), 0, 2))
+
+
+class Worker:
+    def __init__(self, pid: int) -> None:
+        self.id = pid
+
+
+def test_an_agent_waits_for_armed_workers_to_save_and_exit_but_not_for_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a gang failure the agent kills its workers at once, unless the attempt's trainer armed
+    the survivor's save: then it gives them up to the grace to exit on their own."""
+    monkeypatch.setenv("KUBETRAIN_ATTEMPT_FILE", str(tmp_path / "attempt"))
+    monkeypatch.setenv(survivor.GRACE_ENV, "5")
+    (tmp_path / "attempt").write_text("0")
+    agent, store = InPlace(), Store()
+    saver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    group = Group(store, 0, 2)
+    group.workers = [Worker(saver.pid)]  # type: ignore[attr-defined]
+    agent.exits.watch([saver.pid])
+    started = time.monotonic()
+    agent._await_survivors(group)
+    assert time.monotonic() - started < 0.2, "not armed: no wait"
+    store.set(survivor.key(0, survivor.ARMED_KEY), "1")
+    agent._await_survivors(group)
+    assert saver.poll() is not None or saver.wait(1) == 0
+    assert 0.2 < time.monotonic() - started < 4, "armed: until the worker exited, not the whole grace"
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        group.workers = [Worker(stuck.pid)]  # type: ignore[attr-defined]
+        agent.exits.watch([stuck.pid])
+        monkeypatch.setenv(survivor.GRACE_ENV, "0.3")
+        started = time.monotonic()
+        agent._await_survivors(group)
+        assert 0.3 <= time.monotonic() - started < 2, "a worker that does not exit waits the grace, no more"
+    finally:
+        stuck.kill()
+        stuck.wait()

@@ -230,3 +230,25 @@ def test_an_entry_it_cannot_read_counts_for_nothing_and_is_never_overwritten(tmp
     checkpointer(tmp_path, s3_bucket, 0).save(3, state(3), wait=True)
     assert [(e.seq, e.kind) for e in store_of(s3_bucket).read_log()] == [(1, "attempt"), (2, "commit")]
     assert obstore.get(store.store, f"{LOG_PREFIX}000000000000.json").bytes().to_bytes() == b"not json"
+
+
+def test_a_survivor_commits_its_step_alone_and_a_stale_one_is_refused(tmp_path: Path, s3_bucket: Any) -> None:
+    """Rank 1 of attempt 4, whose peers are gone, saves alone (kubetrain.trainer.survivor): its
+    commit is the newest, with its own RNG state only. One of an older attempt is fenced out."""
+    holder = checkpointer(tmp_path, s3_bucket, 4)
+    holder.load()  # rank 0 of attempt 4 registered the attempt
+    alone = Checkpointer(
+        tmp_path / "rank1", rank=1, world_size=2, object_store=config(s3_bucket), job="job-uid", attempt=4
+    )
+    assert alone.save_alone(9, state(9), reason="peer_lost") == f"{s3_bucket.url}/step-9-a4"
+    assert not any((tmp_path / "rank1" / ".staging").iterdir()), "the staged copy goes once committed"
+    stale = Checkpointer(
+        tmp_path / "old", rank=1, world_size=2, object_store=config(s3_bucket), job="job-uid", attempt=3
+    )
+    with pytest.raises(CheckpointError, match="step 11 by attempt 3 was refused"):
+        stale.save_alone(11, state(11), reason="peer_lost")
+
+    reader = checkpointer(tmp_path, s3_bucket, 5, resizable=True)
+    where, restored = reader.load()  # type: ignore[misc]
+    assert where.endswith("step-9-a4") and torch.equal(restored["weights"], state(9)["weights"])
+    assert reader.loaded_reason == "peer_lost"
