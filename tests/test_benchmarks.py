@@ -84,6 +84,14 @@ def test_local_startup_benchmark_runs(tmp_path: Path) -> None:
     assert result["repeats"] == 1 and result["to_first_step_s"]["median"] > 0
 
 
+def test_survivor_save_benchmark_runs(tmp_path: Path) -> None:
+    result = run_benchmark("survivor_save.py", tmp_path / "survivor.json", "--repeats", "1")
+    runs = {run["variant"]: run for run in result["runs"]}
+    assert sorted(runs) == ["off", "survivor"]
+    assert runs["survivor"]["resumed_reason"] == "peer_lost" and runs["off"]["resumed_reason"] == "epoch"
+    assert result["summary"]["ratio_failure_to_training_survivor_over_off"] > 0
+
+
 @pytest.mark.slow
 def test_trainer_overhead_benchmark_runs(tmp_path: Path) -> None:
     tiny = ("--reps", "1", "--steps", "30", "--rounds", "1", "--block", "4")

@@ -14,6 +14,9 @@ learn of it only later: gloo's ring can hold it in a collective with a live peer
 peer exits. It then finds the step saved. Without a store (node 0's pod is the one gone) every
 survivor saves. Writes of one step keep one copy (kubetrain.trainer.checkpoint).
 
+KUBETRAIN_SURVIVOR=off in a worker's environment (the container's command or image: a job's `env`
+may not set KUBETRAIN_* names) turns it off: the workers are then killed at once, as before.
+
 A trainer that can save this way `arm`s it once it trained a step: it marks the attempt in the
 store, and the agents then give their workers up to `grace_s()` to save and exit on their own
 before they kill them (kubetrain.trainer.agent). Workers of scripts that never arm it are
@@ -43,6 +46,7 @@ ARMED_KEY = "survivor-save"
 SURVIVOR_KEY = "survivor"
 SETTLE_S = 0.2
 CONNECT_S = 2.0
+ENABLED_ENV = "KUBETRAIN_SURVIVOR"
 GRACE_ENV = "KUBETRAIN_SURVIVOR_GRACE_SECONDS"
 # How long an agent waits for its workers to save and exit after a gang failure, once armed: a
 # survivor notices the loss at its next collective (milliseconds with gloo), then writes one
@@ -91,7 +95,8 @@ class Survivor:
         self.rank = rank
         self.attempt = attempt()
         self._store: Any = store
-        self.armed = False
+        self.enabled = os.environ.get(ENABLED_ENV, "").strip().lower() not in ("off", "0", "false", "no")
+        self.armed = not self.enabled  # off: never armed, so the agents kill at once
 
     def _connect(self) -> Any:
         if self._store is None:
@@ -140,7 +145,9 @@ class Survivor:
         """From an `except` around the loop: when `error` says a peer died and this rank is
         elected, save `state` (the last completed step's, `step`) through `checkpointer` (a
         kubetrain.trainer.checkpoint.Checkpointer) alone. True once saved here."""
-        if not peer_lost_error(error) or checkpointer.last_step == step or not self.elected():
+        if not self.enabled or not peer_lost_error(error) or checkpointer.last_step == step:
+            return False
+        if not self.elected():
             return False
         try:
             where = checkpointer.save_alone(step, state, reason="peer_lost")

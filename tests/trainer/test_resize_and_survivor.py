@@ -161,3 +161,19 @@ def test_a_script_of_its_own_on_the_library_resumes_a_lost_rank_at_a_smaller_siz
     assert a["step"] == b["step"] == 20
     for name, tensor in a["model"].items():
         assert torch.allclose(tensor, b["model"][name], atol=WEIGHT_ATOL, rtol=0), name
+
+
+def test_when_rank0_dies_with_the_store_every_survivor_saves_and_one_copy_stays(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """Without torchrun, rank 0's process hosts the store: when it dies, no survivor can register.
+    Ranks 1 and 2 both save step 13, and one complete copy stands."""
+    config = _config(tmp_path / "ck")
+    first = _run(launcher, 3, config, tmp_path / "ledger", "kill,rank=0,step=13")
+    assert first[0][0] == -signal.SIGKILL and first[1][0] != 0 and first[2][0] != 0
+    logs = first[1][2] + first[2][2]
+    assert logs.count("saving without an election") == 2, logs[-3000:]
+    assert [p.name for p in complete(config)] == ["step-13"]
+    assert not [p for p in Path(config.checkpoint.dir).iterdir() if p.name.startswith(".tmp-")], "no leftover"
+    recs = records(_ok(_run(launcher, 2, config, tmp_path / "ledger")))
+    assert recs[1]["event"] == "resume" and recs[1]["step"] == 13
