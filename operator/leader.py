@@ -308,10 +308,17 @@ class Elector:
         lease, self._resigned = self._resigned, None
         if lease is None:
             return
-        body = {**lease, "spec": released(lease.get("spec") or {}, datetime.now(UTC))}
         try:
             async with asyncio.timeout(self.timing.retry_period):
-                done = await self.kube.replace_lease(body)
+                done = await self.kube.replace_lease(self._released(lease))
+                if done is None:
+                    # Changed since it was read. Only this process may write a Lease it holds, so
+                    # that was its own renewal, cut by the resignation after the server applied it
+                    # and before its answer was read (seen in CI, mid-burst): release the Lease as
+                    # it is now, if it is still ours.
+                    current = await self.kube.get_lease(self.namespace, self.name)
+                    if current is not None and (current.get("spec") or {}).get("holderIdentity") == self.identity:
+                        done = await self.kube.replace_lease(self._released(current))
         except (ApiError, aiohttp.ClientError, TimeoutError) as error:
             log.warning(
                 "leader election: releasing Lease %s/%s failed (%s); it expires by itself", *self._where(), error
@@ -319,6 +326,12 @@ class Elector:
             return
         if done is not None:
             log.info("leader election: %s released Lease %s/%s", self.identity, *self._where())
+        else:
+            log.warning("leader election: Lease %s/%s changed hands before its release", *self._where())
+
+    @staticmethod
+    def _released(lease: dict[str, Any]) -> dict[str, Any]:
+        return {**lease, "spec": released(lease.get("spec") or {}, datetime.now(UTC))}
 
     def _where(self) -> tuple[str, str]:
         return self.namespace, self.name
