@@ -328,9 +328,7 @@ class Checkpointer:
             dist.gather_object(mine, ranks if self.rank == 0 else None, dst=0)
         if self.rank != 0:
             return None
-        meta = {"fingerprint": self.fingerprint, "world_size": self.world_size, "reason": reason}
-        epoch = epoch if epoch is not None else _int(state.get("epoch"))
-        payload = {"state": state, "ranks": ranks}
+        payload, meta, epoch = self._package(state, ranks, reason, epoch)
         if self._store is None or self._uploader is None:
             path = write_checkpoint(self.directory, step, payload, meta)
             prune(self.directory, self.keep)
@@ -357,15 +355,20 @@ class Checkpointer:
             self.wait()
         return store.url(store.payload_dir(step))
 
+    def _package(
+        self, state: dict[str, Any], ranks: list[Any], reason: str | None, epoch: int | None
+    ) -> tuple[dict[str, Any], dict[str, Any], int]:
+        """(payload, meta, epoch) of a checkpoint of `state` with the ranks' RNG states `ranks`."""
+        meta = {"fingerprint": self.fingerprint, "world_size": self.world_size, "reason": reason}
+        return {"state": state, "ranks": ranks}, meta, epoch if epoch is not None else _int(state.get("epoch"))
+
     def save_alone(self, step: int, state: dict[str, Any], *, reason: str, epoch: int | None = None) -> str:
         """Save `state` from this rank alone, committed before it returns; its peers are gone, so no
         collective runs and the other ranks' RNG states are absent (None). Other survivors may save
         the same step at the same time: one copy is kept. Returns where it went."""
         ranks: list[Any] = [None] * self.world_size
         ranks[self.rank] = rng_state(self.generators)
-        meta = {"fingerprint": self.fingerprint, "world_size": self.world_size, "reason": reason}
-        epoch = epoch if epoch is not None else _int(state.get("epoch"))
-        payload = {"state": state, "ranks": ranks}
+        payload, meta, epoch = self._package(state, ranks, reason, epoch)
         writer = f"-rank{self.rank}"
         self.last_step = step
         if self.object_store is None:

@@ -145,7 +145,7 @@ class CursorSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         steps = range(self.cursor, self.batches.epoch_samples, self.batches.global_batch)
-        return sum(len(split(self.part(cursor), self.micro_batch)) for cursor in steps if len(self.part(cursor)))
+        return sum(math.ceil(len(self.part(cursor)) / self.micro_batch) for cursor in steps)
 
 
 @dataclass
@@ -197,7 +197,7 @@ class CursorLoader:
         world = self.sampler.world_size
         for at in range(cursor, self.batches.epoch_samples, self.batches.global_batch):
             sizes, samples = self.sampler.plan(at)
-            next_cursor = min(at + self.batches.global_batch, self.batches.length)
+            next_cursor = at + samples
             if sizes == [0]:
                 yield Step([self._empty()], [0.0], next_cursor)
             else:

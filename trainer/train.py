@@ -199,7 +199,6 @@ class Run:
     checkpointer: Checkpointer
     metrics: MetricsLogger
     fingerprint: str
-    steps_per_epoch: int
     total_steps: int
     fault: FaultPoint  # KUBETRAIN_FAULT (drills and tests); inert without it
     stop: StopSignal  # SIGTERM/SIGINT: every rank stops at one step boundary, checkpointed
@@ -288,7 +287,6 @@ def build(config: TrainConfig, ctx: DistContext) -> Run:
         checkpointer=checkpointer,
         metrics=metrics,
         fingerprint=fingerprint,
-        steps_per_epoch=loader.steps_per_epoch,
         total_steps=total_steps,
         fault=FaultPoint.from_env(rank, ckpt.dir),
         stop=StopSignal(ctx),
@@ -319,14 +317,6 @@ def save(run: Run, state: TrainState, reason: str) -> None:
     status.lastCheckpoint. A stop or final save returns only once committed (an object store's
     upload included): the process may exit right after it."""
     run.checkpointer.save(state.step, run.state_dict(state), reason=reason, epoch=state.epoch)
-
-
-def save_survivor(run: Run, state: TrainState, error: BaseException) -> None:
-    """When `error` says a peer died: the elected survivor saves the step the gang reached, alone
-    (kubetrain.trainer.survivor); its state is that of the last completed step."""
-    if not run.survivor.save(error, run.checkpointer, state.step, run.state_dict(state)):
-        return
-    log.info("the next attempt resumes at step %d", state.step)
 
 
 def evaluate_and_log(run: Run, state: TrainState) -> float:
@@ -412,8 +402,8 @@ def train(config: TrainConfig, ctx: DistContext) -> dict[str, Any]:
         window = LogWindow(ctx.device, ctx.world_size, run.loader.batches.global_batch)
         try:
             accuracy = loop(run, state, window)
-        except Exception as error:
-            save_survivor(run, state, error)
+        except Exception as error:  # a peer died: the elected survivor saves the step the gang reached
+            run.survivor.save(error, run.checkpointer, state.step, run.state_dict(state))
             raise
         run.watchdog.stop()
         run.stop.close()
