@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import socket
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 # The built-in trainer's whole configuration, one JSON document (kubetrain.api.training).
 CONFIG_ENV = "KUBETRAIN_CONFIG"
@@ -52,8 +52,11 @@ RESERVED_ENV = frozenset(
     )
 )
 RESERVED_ENV_PREFIX = "KUBETRAIN_"
-# The fault-injection drill (trainer/faults.py): the one KUBETRAIN_* name a job's env may set.
+# The fault-injection drill (trainer/faults.py) and the sample ledger (trainer/ledger.py), test
+# modes: the KUBETRAIN_* names a job's env may set.
 FAULT_ENV = "KUBETRAIN_FAULT"
+LEDGER_ENV = "KUBETRAIN_SAMPLE_LEDGER"
+USER_SETTABLE = (FAULT_ENV, LEDGER_ENV)
 # The in-place gang restart (trainer/agent.py, runPolicy.restartStrategy InPlace). The pod's
 # attempt as rendered; the file that holds its current attempt (the pod's attempt label, projected
 # by the downward API: the operator moves a living pod to the next attempt by relabelling it);
@@ -76,13 +79,39 @@ ORDER_PATH = "/attempt"
 READY_PATH = "/ready"
 
 
-def order_signature(token: str, attempt: int) -> str:
-    """What an order of `attempt` carries: HMAC-SHA256 of it under the job's agent token."""
-    return hmac.new(token.encode(), f"kubetrain-attempt:{attempt}".encode(), hashlib.sha256).hexdigest()
+def order_signature(token: str, attempt: int, members: Sequence[int] | None = None) -> str:
+    """What an order of `attempt` carries: HMAC-SHA256 of it (and of its members, for an elastic
+    gang) under the job's agent token."""
+    order = str(attempt) if members is None else format_members(attempt, members)
+    text = f"kubetrain-attempt:{order}"
+    return hmac.new(token.encode(), text.encode(), hashlib.sha256).hexdigest()
+
+
+# An elastic gang's members (spec.elastic): the node ranks that train in an attempt, in gang order.
+# The pods carry them in an annotation that the downward API projects beside the attempt file,
+# and the operator's orders carry them too; `kubetrain run --local` writes the file itself.
+MEMBERS_FILE = "members"
+
+
+def format_members(attempt: int, members: Sequence[int]) -> str:
+    """`<attempt>:<rank>,<rank>`: the members, with the attempt they are for."""
+    return f"{attempt}:{','.join(str(int(rank)) for rank in members)}"
+
+
+def parse_members(text: str) -> tuple[int, list[int]] | None:
+    """(attempt, members) from format_members' text; None for anything else (an empty file: a
+    gang of a fixed size)."""
+    attempt, sep, ranks = text.strip().partition(":")
+    if not sep or not attempt.isdigit():
+        return None
+    parts = [part for part in ranks.split(",") if part]
+    if not all(part.isdigit() for part in parts):
+        return None
+    return int(attempt), [int(part) for part in parts]
 
 
 def is_reserved(name: str) -> bool:
-    return name in RESERVED_ENV or (name.startswith(RESERVED_ENV_PREFIX) and name != FAULT_ENV)
+    return name in RESERVED_ENV or (name.startswith(RESERVED_ENV_PREFIX) and name not in USER_SETTABLE)
 
 
 def rendezvous_env(

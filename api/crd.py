@@ -27,7 +27,9 @@ QUANTITY_RULE = {
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-    {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes"},
+    {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes", "description": "Nodes (with elastic: the most)"},
+    {"name": "Min", "type": "integer", "jsonPath": ".spec.elastic.minNodes", "description": "Fewest nodes (elastic)"},
+    {"name": "Size", "type": "integer", "jsonPath": ".status.size", "description": "Nodes training now (elastic)"},
     {"name": "GPUs", "type": "integer", "jsonPath": ".spec.gpusPerNode", "description": "GPUs per node"},
     {"name": "Epoch", "type": "integer", "jsonPath": ".status.progress.epoch"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},

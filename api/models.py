@@ -24,11 +24,11 @@ from pydantic.config import JsonDict
 
 from kubetrain.api import naming
 from kubetrain.api.contract import (
-    FAULT_ENV,
     OBJECT_STORE_CREDENTIALS,
     OPTIONAL_CREDENTIALS,
     RESERVED_ENV,
     RESERVED_ENV_PREFIX,
+    USER_SETTABLE,
     is_reserved,
 )
 from kubetrain.api.podtemplate import SPEC_RULES as TEMPLATE_RULES
@@ -144,7 +144,7 @@ class EnvVar(StrictModel):
             raise ValueError(
                 f"{name!r} is reserved: kubetrain sets the rendezvous variables "
                 f"({', '.join(sorted(RESERVED_ENV))}) and every {RESERVED_ENV_PREFIX}* name itself "
-                f"but {FAULT_ENV}"
+                f"but {' and '.join(USER_SETTABLE)}"
             )
         return name
 
@@ -472,6 +472,79 @@ class RuntimeSpec(StrictModel):
     )
 
 
+class ElasticPolicy(StrictModel):
+    """A node range: the gang trains with the pods that can run, from minNodes up to `nodes`."""
+
+    min_nodes: int = Field(
+        ge=1,
+        le=naming.MAX_NODES,
+        description=(
+            "The fewest nodes the job trains with. A lost node (its pod deleted, evicted, preempted, failed) "
+            "while at least this many remain shrinks the gang in place at its next attempt, counted against no "
+            "budget; the lost pod is created again and waits for capacity. Fewer than this: the job waits "
+            "(condition BelowMinNodes) until they are back. See docs/elastic.md."
+        ),
+    )
+    scale_up_cooldown_seconds: int = Field(
+        60,
+        ge=0,
+        le=86_400,
+        description=(
+            "After a resize, how long the gang trains at its size before a waiting pod that can run grows it "
+            "(at a step boundary, through the stop vote): flapping capacity does not thrash the gang."
+        ),
+    )
+
+
+def _elastic_problem(spec: TrainingJobSpec) -> str | None:
+    """Why spec.elastic cannot be had with the rest of the spec (the pydantic twin of the CEL rules)."""
+    elastic = spec.elastic
+    if elastic is None:
+        return None
+    if elastic.min_nodes > spec.nodes:
+        return f"elastic.minNodes: {elastic.min_nodes} is more than nodes ({spec.nodes}), the most the gang grows to"
+    if spec.scheduling.gang in ("native", "coscheduling"):
+        return (
+            f"elastic: the gang forms from the pods that run, one by one: scheduling.gang {spec.scheduling.gang} "
+            "would hold them all until every one fits (use auto or none)"
+        )
+    if spec.run_policy.restart_strategy != "InPlace":
+        return "elastic: a resize restarts the gang in place: runPolicy.restartStrategy must be InPlace"
+    if spec.command is None and spec.training.global_batch_size is None:
+        return (
+            "elastic: the built-in trainer needs training.globalBatchSize, so that every size trains the same "
+            "global batch and a checkpoint resumes at another size"
+        )
+    return None
+
+
+ELASTIC_RULES: list[JsonDict] = [
+    {
+        "rule": "!has(self.elastic) || self.elastic.minNodes <= self.nodes",
+        "message": "elastic.minNodes may not be more than nodes, the most the gang grows to",
+        "fieldPath": ".elastic.minNodes",
+    },
+    {
+        "rule": "!has(self.elastic) || !has(self.runPolicy) || !has(self.runPolicy.restartStrategy) || "
+        "self.runPolicy.restartStrategy == 'InPlace'",
+        "message": "elastic: a resize restarts the gang in place: runPolicy.restartStrategy must be InPlace",
+        "fieldPath": ".elastic",
+    },
+    {
+        "rule": "!has(self.elastic) || !has(self.scheduling) || !has(self.scheduling.gang) || "
+        "self.scheduling.gang in ['auto', 'none']",
+        "message": "elastic: the gang forms from the pods that run, one by one: scheduling.gang must be auto or none",
+        "fieldPath": ".scheduling.gang",
+    },
+    {
+        "rule": "!has(self.elastic) || has(self.command) || (has(self.training) && has(self.training.globalBatchSize))",
+        "message": "elastic: the built-in trainer needs training.globalBatchSize, so that every size trains the same "
+        "global batch",
+        "fieldPath": ".elastic",
+    },
+]
+
+
 class TrainingJobSpec(StrictModel):
     """A gang of `nodes` pods, each running `gpusPerNode` processes under torchrun."""
 
@@ -496,12 +569,21 @@ class TrainingJobSpec(StrictModel):
                     "fieldPath": ".env",
                 },
                 *[_immutable_rule(field) for field in IMMUTABLE_FIELDS],
+                *ELASTIC_RULES,
                 *TEMPLATE_RULES,
             ]
         }
     )
 
-    nodes: int = Field(1, ge=1, le=naming.MAX_NODES, description="Number of pods (torchrun nodes) in the gang.")
+    nodes: int = Field(
+        1,
+        ge=1,
+        le=naming.MAX_NODES,
+        description="Number of pods (torchrun nodes) in the gang; with `elastic`, the most it grows to.",
+    )
+    elastic: ElasticPolicy | None = Field(
+        None, description="Train on the nodes there are, from elastic.minNodes up to `nodes` (docs/elastic.md)."
+    )
     gpus_per_node: int = Field(
         0, ge=0, le=16, description="GPUs per pod; one process per GPU. 0 runs one CPU process per pod with gloo."
     )
@@ -527,7 +609,7 @@ class TrainingJobSpec(StrictModel):
         max_length=128,
         description=(
             "Extra environment. The rendezvous variables and KUBETRAIN_* names are reserved, but for "
-            f"{FAULT_ENV} (the fault-injection drill)."
+            f"{USER_SETTABLE[0]} (the fault-injection drill) and {USER_SETTABLE[1]} (the sample ledger)."
         ),
         json_schema_extra={
             "x-kubernetes-list-type": "map",
@@ -536,8 +618,11 @@ class TrainingJobSpec(StrictModel):
                 {
                     "rule": "self.all(e, !(e.name in "
                     + repr(sorted(RESERVED_ENV)).replace('"', "'")
-                    + f") && (!e.name.startsWith('{RESERVED_ENV_PREFIX}') || e.name == '{FAULT_ENV}'))",
-                    "message": f"env may not set the rendezvous variables or KUBETRAIN_* names but {FAULT_ENV}: "
+                    + f") && (!e.name.startsWith('{RESERVED_ENV_PREFIX}') || e.name in "
+                    + repr(list(USER_SETTABLE)).replace('"', "'")
+                    + "))",
+                    "message": "env may not set the rendezvous variables or KUBETRAIN_* names but "
+                    f"{' and '.join(USER_SETTABLE)}: "
                     "kubetrain sets them",
                 }
             ],
@@ -611,6 +696,9 @@ class TrainingJobSpec(StrictModel):
                         f"env[{index}].name: {var.name} comes from checkpoint.objectStore.credentialsSecret "
                         f"({store.credentials_secret}): set the credentials in one place"
                     )
+        elastic = _elastic_problem(self)
+        if elastic is not None:
+            raise ValueError(elastic)
         if self.template is not None:
             found = template_problems(self.template, checkpoint_dir=self.checkpoint.dir, master_port=self.master_port)
             if found:
@@ -758,6 +846,21 @@ class Failure(StrictModel):
 
 
 MAX_FAILURES_KEPT = 20
+
+
+class Resize(StrictModel):
+    """One change of an elastic gang's size (spec.elastic)."""
+
+    attempt: int = Field(ge=0, description="The attempt that trains at the new size.")
+    from_size: int = Field(ge=0, description="Nodes before.")
+    to_size: int = Field(ge=0, description="Nodes after.")
+    reason: str = Field(max_length=256, description="NodeLost (with the pod's own reason) or CapacityReturned.")
+    message: str = Field("", max_length=1024, description="Which nodes left or joined, and why.")
+    step: int | None = Field(None, ge=0, description="Rank 0's last reported step when the resize was decided.")
+    time: datetime | None = Field(None, description="When it was decided.")
+
+
+MAX_RESIZES_KEPT = 20
 AttemptStart = Literal["Start", "InPlace", "Recreate", "Resume"]
 
 
@@ -814,6 +917,20 @@ class TrainingJobStatus(StrictModel):
         description="Gang restarts not counted against maxRestarts (by default: disruptions such as evictions).",
     )
     replicas: ReplicaCounts | None = Field(None, description="Pod counts of the current attempt.")
+    size: int | None = Field(
+        None, ge=0, description="Nodes in the current attempt's gang (spec.elastic jobs; the others: spec.nodes)."
+    )
+    members: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        max_length=naming.MAX_NODES,
+        description=(
+            "Node ranks (pod name suffixes) in the current attempt's gang, in gang order (spec.elastic jobs). "
+            "Other pods of the attempt wait for capacity to grow the gang."
+        ),
+    )
+    resizes: list[Resize] | None = Field(
+        None, max_length=MAX_RESIZES_KEPT, description=f"The last {MAX_RESIZES_KEPT} resizes of an elastic gang."
+    )
     start_time: datetime | None = Field(None, description="When the job first started.")
     completion_time: datetime | None = Field(None, description="When the job succeeded or failed.")
     progress: Progress | None = Field(None, description="Rank 0's latest metrics.")

@@ -24,6 +24,9 @@ LABEL_PREFIX = GROUP
 LABEL_JOB = f"{LABEL_PREFIX}/job-name"
 LABEL_NODE_RANK = f"{LABEL_PREFIX}/node-rank"
 LABEL_ATTEMPT = f"{LABEL_PREFIX}/attempt"
+# An elastic gang's members of the pod's attempt (api/contract.format_members), projected beside
+# the attempt file for the torchrun agent (trainer/agent.py).
+MEMBERS_ANNOTATION = f"{LABEL_PREFIX}/members"
 LABEL_ROLE = f"{LABEL_PREFIX}/role"
 LABEL_JOB_UID = f"{LABEL_PREFIX}/job-uid"
 ROLE_MASTER = "master"

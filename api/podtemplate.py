@@ -8,7 +8,8 @@ reaches a cluster) and a CEL rule (the API server's verdict on `kubectl apply`).
 
 Merge rules (operator/render.py applies them; docs/pod-template.md lists them):
 - labels and annotations are added to the pod's; on a label key kubetrain owns
-  (`OWNED_LABELS`) kubetrain's value wins. kubetrain sets no pod annotations.
+  (`OWNED_LABELS`) kubetrain's value wins. kubetrain sets one pod annotation, an elastic job's
+  kubetrain.dev/members, whose value wins too.
 - `containers` holds at most the trainer container (`name: trainer`), and only the fields
   below; they are merged into the rendered container (lists appended after ours).
   A sidecar is an init container with `restartPolicy: Always` (Kubernetes' native sidecar):
@@ -128,7 +129,10 @@ class TemplateMetadata(StrictModel):
     annotations: dict[LabelKey, Annotated[str, Field(max_length=32_768)]] | None = Field(
         None,
         max_length=64,
-        description='Added to every pod\'s annotations (e.g. `sidecar.istio.io/inject: "false"`); kubetrain sets none.',
+        description=(
+            'Added to every pod\'s annotations (e.g. `sidecar.istio.io/inject: "false"`); kubetrain sets none '
+            "but an elastic job's kubetrain.dev/members."
+        ),
         json_schema_extra=_KEY_RULES,
     )
 

@@ -21,7 +21,8 @@ EVENTS = (
     "launch",
     "failure",
     FALLBACK,
+    "standby",
 )
 # Records of an attempt's start-up and end, and of the runtime's fallbacks: not training progress.
-MARKS = ("rendezvous", "launch", "failure", FALLBACK)
+MARKS = ("rendezvous", "launch", "failure", FALLBACK, "standby")
 METRICS_FILE = "metrics.jsonl"

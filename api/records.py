@@ -69,7 +69,7 @@ def parse_record(line: str) -> dict[str, Any] | None:
 
 # Records the torchrun agents print (trainer/agent.py): kubetrain's own plumbing, on node 0's
 # output beside rank 0's, not the job's metrics.
-AGENT_EVENTS = ("launch", "failure", FALLBACK)
+AGENT_EVENTS = ("launch", "failure", FALLBACK, "standby")
 
 
 def records_in(text: str) -> list[dict[str, Any]]:

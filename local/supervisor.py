@@ -37,7 +37,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Protocol
 
-from kubetrain.api.contract import free_port, stacks_after_seconds
+from kubetrain.api.contract import MEMBERS_FILE, format_members, free_port, stacks_after_seconds
 from kubetrain.api.models import TrainingJobStatus
 from kubetrain.api.records import (
     AGENT_EVENTS,
@@ -106,6 +106,7 @@ class _Node:
     attempt: int
     tree: ProcessTree
     started: datetime
+    master_port: int
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))
     readers: list[threading.Thread] = field(default_factory=list)
     finished: datetime | None = None
@@ -305,13 +306,15 @@ class Supervisor:
     # --- processes -----------------------------------------------------------------------
 
     def _start(self, attempt: int, ranks: Sequence[int]) -> None:
-        port = self._ports.setdefault(attempt, free_port())
+        # A node that joins a living node 0 (an elastic gang's) meets the store node 0's agent hosts.
+        node0 = next((n for n in self.nodes.values() if n.spec.rank == 0), None)
+        port = node0.master_port if node0 is not None else self._ports.setdefault(attempt, free_port())
         specs = [spec for spec in self.plan.nodes(attempt, master_port=port) if spec.rank in ranks]
         for spec in specs:
             self._logs[spec.rank].write(f"{ATTEMPT_BANNER}{attempt} ===\n")
             self._open_attempt_log(attempt, spec.rank)
             self._write_attempt(spec.rank, attempt)
-            node = _Node(spec, attempt, self._launch(spec), _now())
+            node = _Node(spec, attempt, self._launch(spec), _now(), port)
             self.nodes[spec.pod_name] = node
             self._phases[(attempt, spec.rank)] = "Running"
             for name, pipe in (("stdout", node.tree.proc.stdout), ("stderr", node.tree.proc.stderr)):
@@ -345,11 +348,18 @@ class Supervisor:
         self._attempt_logs[attempt, rank] = open(path, "a")  # noqa: SIM115
 
     def _write_attempt(self, rank: int, attempt: int) -> None:
-        """Atomically, as the kubelet updates a downward API file."""
+        """Atomically, as the kubelet updates a downward API file; an elastic gang's members first
+        (the agent reads them once the attempt file names their attempt)."""
         path = self.plan.attempt_file(rank)
         path.parent.mkdir(parents=True, exist_ok=True)
+        if self.status.members is not None:
+            self._replace(path.with_name(MEMBERS_FILE), format_members(attempt, self.status.members))
+        self._replace(path, str(attempt))
+
+    @staticmethod
+    def _replace(path: Path, text: str) -> None:
         temporary = path.with_suffix(".tmp")
-        temporary.write_text(f"{attempt}\n")
+        temporary.write_text(f"{text}\n")
         os.replace(temporary, path)
 
     def _launch(self, spec: NodeProcess) -> ProcessTree:
@@ -462,7 +472,7 @@ class Supervisor:
         what a pod's readiness and log tell the operator."""
         if record.get("attempt") != node.attempt:
             return
-        if record["event"] == "launch":
+        if record["event"] in ("launch", "standby"):
             node.ready = True
         else:
             node.ready, node.held = False, gang_failure(text, node.attempt)

@@ -84,10 +84,19 @@ async def ensure_secret(kube: Kube, job: TrainingJob, namespace: str, uid: str, 
     return True
 
 
-async def order(targets: Sequence[tuple[str, str | None]], port: int, token: str, attempt: int) -> dict[str, str]:
-    """Order `attempt` to each (pod, ip)'s agent, all at once: pod -> what happened ("ordered", or
-    why not). Returns within ORDER_TRIES tries of ORDER_TIMEOUT_S each."""
-    body = json.dumps({"attempt": attempt, "signature": order_signature(token, attempt)})
+async def order(
+    targets: Sequence[tuple[str, str | None]],
+    port: int,
+    token: str,
+    attempt: int,
+    members: Sequence[int] | None = None,
+) -> dict[str, str]:
+    """Order `attempt` (with an elastic gang's `members`) to each (pod, ip)'s agent, all at once: pod ->
+    what happened ("ordered", or why not). Returns within ORDER_TRIES tries of ORDER_TIMEOUT_S each."""
+    order: dict[str, object] = {"attempt": attempt, "signature": order_signature(token, attempt, members)}
+    if members is not None:
+        order["members"] = list(members)
+    body = json.dumps(order)
     timeout = aiohttp.ClientTimeout(total=ORDER_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         outcomes = await asyncio.gather(*(_order_one(session, ip, port, body) for _, ip in targets))

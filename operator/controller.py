@@ -418,7 +418,7 @@ class Controller:
             ended = [pod for (pod, _), done in zip(moves, moved, strict=True) if done]
             job_uid = body["metadata"]["uid"]
             # The order first: reading the logs waits on the kubelet, the agents should not.
-            await self._order(state, job, key, ended, decision.status.attempt)
+            await self._order(state, job, key, ended, decision)
             await archive_io.archive_in_place(self.kube, job, namespace, job_uid, ended, previous.attempt)
         created, refused = await self._create(key, state, job, decision, flavors)
         now = datetime.now(UTC).replace(microsecond=0)
@@ -471,19 +471,21 @@ class Controller:
         attempt = decision.status.attempt
         if state.expectations.moved.get(uid) == attempt:
             return False
-        if await self.kube.move_pod(namespace, pod, uid, attempt):
+        if await self.kube.move_pod(namespace, pod, uid, attempt, _members(decision)):
             state.expectations.moved[uid] = attempt
             return True
         return False
 
-    async def _order(self, state: JobState, job: TrainingJob, key: Key, moved: list[str], attempt: int) -> None:
+    async def _order(self, state: JobState, job: TrainingJob, key: Key, moved: list[str], decision: Decision) -> None:
         """Order the moved pods' agents to `attempt` (operator/agent_io.py): the relabel's fast
         path, which does not wait for the kubelet to refresh each pod's attempt file."""
         if state.agent_secret is False:  # the pods have no token: they take no order
             return
         token = agent_io.job_token(self.agent_key, key[0], state.body["metadata"]["uid"])
         ips = {p.name: p.ip for p in self.pods.get(key, ())}
-        outcomes = await agent_io.order([(pod, ips.get(pod)) for pod in moved], agent_port(job), token, attempt)
+        attempt, members = decision.status.attempt, _members(decision)
+        targets = [(pod, ips.get(pod)) for pod in moved]
+        outcomes = await agent_io.order(targets, agent_port(job), token, attempt, members)
         for pod, outcome in outcomes.items():
             if outcome != "ordered":
                 log.warning(
@@ -507,6 +509,7 @@ class Controller:
         to the attempt's PodGroup): whether any was created (or existed), and the refusal that
         decides the job's fate (a permanent one over a transient one)."""
         namespace, uid, attempt = key[0], state.body["metadata"]["uid"], decision.status.attempt
+        members = decision.status.members or ()
         where = kueue.Placement()
         if flavors and decision.create_ranks:
             try:
@@ -518,7 +521,7 @@ class Controller:
                 message = f"the admitted ResourceFlavors ({', '.join(flavors)}) cannot be read: {error}"
                 return False, refusal.Refusal(True, "ResourceFlavorUnreadable", message)
         pods = [
-            kueue.place(render_pod(job, namespace, uid, rank, attempt, self.settings.render), where)
+            kueue.place(render_pod(job, namespace, uid, rank, attempt, self.settings.render, members), where)
             for rank in decision.create_ranks
         ]
         if pods and in_place(job) and state.agent_secret is None:  # before the pods, which read it
@@ -571,3 +574,8 @@ class Controller:
                     metrics.TIME_TO_CREATED.observe((datetime.now(UTC) - created).total_seconds())
             elif event.reason == ended:
                 metrics.FINISHED.labels(event.reason).inc()
+
+
+def _members(decision: Decision) -> list[int] | None:
+    """An elastic gang's members of the decided attempt (None for a gang of a fixed size)."""
+    return decision.status.members

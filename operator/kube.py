@@ -30,6 +30,7 @@ import aiohttp
 from kubernetes import client, config
 
 from kubetrain.api import naming
+from kubetrain.api.contract import format_members
 from kubetrain.operator import kueue
 from kubetrain.operator.metrics import API_WRITES
 
@@ -292,16 +293,21 @@ class Kube:
             if exc.status not in (404, 409):
                 raise
 
-    async def move_pod(self, namespace: str, name: str, uid: str, attempt: int) -> bool:
+    async def move_pod(
+        self, namespace: str, name: str, uid: str, attempt: int, members: Sequence[int] | None = None
+    ) -> bool:
         """Relabel a living pod to `attempt` (the in-place gang restart: its torchrun agent reads the
         label through the downward API and restarts its workers). A JSON patch whose first op
         tests the uid, so a same-named pod of another attempt is never moved. False if the pod
         is gone or is another one."""
-        label = "/metadata/labels/" + naming.LABEL_ATTEMPT.replace("~", "~0").replace("/", "~1")
+        label = "/metadata/labels/" + _pointer(naming.LABEL_ATTEMPT)
         patch = [
             {"op": "test", "path": "/metadata/uid", "value": uid},
             {"op": "replace", "path": label, "value": str(attempt)},
         ]
+        if members is not None:  # an elastic gang's: the pods were created with the annotation
+            annotation = "/metadata/annotations/" + _pointer(naming.MEMBERS_ANNOTATION)
+            patch.append({"op": "add", "path": annotation, "value": format_members(attempt, members)})
         try:
             await self._request(
                 "PATCH",
@@ -562,3 +568,8 @@ class Kube:
                 raise Refused(exc.status, exc.message) from exc
             raise
         return True
+
+
+def _pointer(key: str) -> str:
+    """A map key as one JSON pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")

@@ -76,6 +76,12 @@ def choose(spec: TrainingJobSpec, served: frozenset[str]) -> Choice:
     asked = spec.scheduling.gang
     if asked == "none":
         return Choice("none", "Disabled", "spec.scheduling.gang is none: pods are scheduled one by one")
+    if spec.elastic is not None:
+        # A PodGroup's minCount is fixed per attempt here, and an elastic gang forms from the pods
+        # that run (operator/elastic.py): its pods are placed one by one, gang or not.
+        return Choice(
+            "none", "Elastic", "spec.elastic: pods are scheduled one by one; the gang forms from those that run"
+        )
     mode: Mode = "native" if asked == "auto" else asked
     api = APIS[mode]
     if api.api_version not in served:

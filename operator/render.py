@@ -9,6 +9,7 @@ their containers as local processes, so the env contract has exactly one impleme
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 from kubetrain.api import naming
@@ -22,6 +23,7 @@ from kubetrain.api.contract import (
     DEFAULT_COMMAND,
     DEFAULT_GRACE_SECONDS,
     JOB_UID_ENV,
+    MEMBERS_FILE,
     OBJECT_STORE_CREDENTIALS,
     OPTIONAL_CREDENTIALS,
     POD_IP_ENV,
@@ -29,6 +31,7 @@ from kubetrain.api.contract import (
     SHUTDOWN_TIMEOUT_ENV,
     STACKS_AFTER_ENV,
     default_env,
+    format_members,
     is_reserved,
     rendezvous_env,
     stacks_after_seconds,
@@ -187,12 +190,12 @@ def _in_place_pod(job: TrainingJob, container: dict[str, Any], pod_spec: dict[st
         "failureThreshold": 1,
     }
     label = f"metadata.labels['{naming.LABEL_ATTEMPT}']"
-    pod_spec["volumes"].append(
-        {
-            "name": POD_INFO_VOLUME,
-            "downwardAPI": {"items": [{"path": naming.ATTEMPT_FILE, "fieldRef": {"fieldPath": label}}]},
-        }
-    )
+    items = [{"path": naming.ATTEMPT_FILE, "fieldRef": {"fieldPath": label}}]
+    if job.spec.elastic is not None:
+        # One volume: the kubelet updates its files together, so the members never lag the attempt.
+        members = f"metadata.annotations['{naming.MEMBERS_ANNOTATION}']"
+        items.append({"path": MEMBERS_FILE, "fieldRef": {"fieldPath": members}})
+    pod_spec["volumes"].append({"name": POD_INFO_VOLUME, "downwardAPI": {"items": items}})
 
 
 # The runtime's init container: restricted whatever the template says about the trainer's user (it
@@ -353,7 +356,10 @@ def render_pod(
     node_rank: int,
     attempt: int,
     settings: RenderSettings = DEFAULTS.render,
+    members: Sequence[int] = (),
 ) -> dict[str, Any]:
+    """Node `node_rank`'s pod of `attempt`; `members`: an elastic gang's members in it (the others,
+    this pod too, wait on standby)."""
     spec = job.spec
     if not 0 <= node_rank < spec.nodes:
         raise ValueError(f"node_rank {node_rank} outside 0..{spec.nodes - 1}")
@@ -406,7 +412,7 @@ def render_pod(
         pod_spec["schedulerName"] = spec.scheduler_name
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
-    pod = {
+    pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -419,6 +425,8 @@ def render_pod(
         },
         "spec": pod_spec,
     }
+    if spec.elastic is not None and in_place(job):
+        pod["metadata"]["annotations"] = {naming.MEMBERS_ANNOTATION: format_members(attempt, members)}
     return merge_template(pod, spec.template or PodTemplate())
 
 
@@ -473,7 +481,7 @@ def merge_template(pod: dict[str, Any], template: PodTemplate) -> dict[str, Any]
     if template.metadata and template.metadata.labels:
         meta["labels"] = {**template.metadata.labels, **meta["labels"]}
     if template.metadata and template.metadata.annotations:
-        meta["annotations"] = dict(template.metadata.annotations)
+        meta["annotations"] = {**template.metadata.annotations, **meta.get("annotations", {})}
     pod_security, container_security = security_contexts(template)
     pod_spec["securityContext"] = pod_security
     container = pod_spec["containers"][0]

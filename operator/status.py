@@ -55,7 +55,7 @@ Definitions docs/operator.md repeats:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from kubetrain.api import naming
@@ -71,7 +71,7 @@ from kubetrain.api.models import (
     TrainingJobStatus,
 )
 from kubetrain.api.records import GangFailure
-from kubetrain.operator import podgroup, timeline
+from kubetrain.operator import elastic, podgroup, timeline
 from kubetrain.operator.conditions import derive_phase, get_condition, is_true, set_condition
 from kubetrain.operator.decision import DEFAULT_POLICY, Decision, Event, Hold, Policy, StaleView
 from kubetrain.operator.failures import (
@@ -113,9 +113,15 @@ class _Pass:
     ours: list[PodView]  # pods of this job (or unlabelled), terminating ones included
     occupied: set[str]  # names taken by any pod, ours or not
     live: list[PodView]  # ours, not terminating
-    current: list[PodView]  # live pods of the current attempt
+    current: list[PodView]  # live pods of the current attempt (its gang's, once _split_members ran)
     stale: list[PodView]  # live pods of older attempts
     stacks: Mapping[int, RankStacks] | None = None
+    members: list[int] = field(default_factory=list)  # the node ranks of the attempt's gang (elastic.members)
+    standby: list[PodView] = field(default_factory=list)  # live pods of the attempt outside its gang
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
 
     @property
     def status(self) -> TrainingJobStatus:
@@ -180,10 +186,15 @@ def decide(
         return _suspend(run, hold)
     _resume(run)
     _carry_over(run)
+    _split_members(run)
     unavailable = _choose_gang(run)
     if unavailable is not None:
         return _finish(run, False, "GangSchedulingUnavailable", unavailable)
     problem, held = _first_problem(run)
+    if problem is not None and not held:
+        shrunk = _shrink(run, problem, service_exists)
+        if shrunk is not None:
+            return shrunk
     if problem is not None:
         return _restart_or_fail(run, problem, service_exists, in_place=held and _in_place(run))
     overdue = _in_place_overdue(run)
@@ -200,6 +211,9 @@ def decide(
     stall = _stalled(run)
     if stall is not None:
         return _restart_or_fail(run, stall, service_exists, in_place=_in_place(run, stalled=True))
+    grown = _grow(run, service_exists)
+    if grown is not None:
+        return grown
     _placement(run)
     return _converge(run, service_exists)
 
@@ -221,6 +235,7 @@ def _suspend(run: _Pass, hold: Hold | None = None) -> Decision:
         # count against maxRestarts. A preemption is a disruption: counted, but not charged.
         status.attempt += 1
         status.uncounted_restarts += hold.disruption
+        _reform(run)
     # As for a batch/v1 Job, the deadline clock stops while suspended and restarts on resume.
     status.start_time = None
     status.replicas = ReplicaCounts()
@@ -285,8 +300,7 @@ def _in_place(run: _Pass, *, stalled: bool = False) -> bool:
     """Whether the gang can restart inside its pods: runPolicy.restartStrategy InPlace, and every
     node's pod of the attempt is there and running. A stalled gang also needs every pod Ready:
     each torchrun agent runs its workers, so it can be told to restart them."""
-    nodes = run.job.spec.nodes
-    if run.run.restart_strategy != "InPlace" or len(_by_rank(run.current)) != nodes:
+    if run.run.restart_strategy != "InPlace" or not run.members or len(_by_rank(run.current)) != run.size:
         return False
     if any(p.phase != "Running" for p in run.current):
         return False
@@ -311,26 +325,26 @@ def _in_place_overdue(run: _Pass) -> Problem | None:
     line, timeout = run.status.timeline, run.policy.in_place_timeout
     if line is None or line.start != "InPlace" or line.attempt != run.status.attempt:
         return None
-    if line.rendezvous_at is not None or line.detected_at is None:
+    if line.rendezvous_at is not None or line.detected_at is None or not run.members:
         return None
     due = line.detected_at + timeout
     if run.now < due:
         run.decision.requeue((due - run.now).total_seconds())
         return None
-    waited = timeline.waiting_on(line, run.current, run.job.spec.nodes)
+    waited = timeline.waiting_on(line, run.current, run.size)
     return in_place_timeout_failure(line.attempt, line.detected_at, timeout, run.now, waited), ()
 
 
 def _vanished(run: _Pass, deleted: list[PodView]) -> list[PodView]:
     """Ranks missing after every pod of this attempt was observed once: deleted (and already
     gone), not "not created yet"."""
-    nodes, attempt = run.job.spec.nodes, run.status.attempt
-    if run.previous.attempt != attempt or _seen(run.previous.replicas) < nodes:
+    attempt = run.status.attempt
+    if run.previous.attempt != attempt or not run.members or _seen(run.previous.replicas) < run.size:
         return []
     present = {p.rank for p in run.current} | {p.rank for p in deleted}
     return [
         PodView(naming.pod_name(run.job.name, r), "", run.uid, r, attempt, "Unknown", True, None)
-        for r in range(nodes)
+        for r in run.members
         if r not in present
     ]
 
@@ -389,12 +403,143 @@ def _restart_or_fail(run: _Pass, problem: Problem, service_exists: bool, *, in_p
     status.timeline = timeline.begin(status.attempt, start, failed_at=failure.time, detected_at=run.precise)
     if in_place:
         # Nothing is deleted: each pod moves to the new attempt and its agent restarts the workers.
-        run.decision.restart_in_place = [(p.name, p.uid) for p in run.current]
-        run.current = [replace(p, attempt=status.attempt, held=None, ready=False) for p in run.current]
-        run.decision.requeue(run.policy.in_place_timeout.total_seconds())
+        _move_in_place(run)
     else:
-        run.stale, run.current = run.live, []
+        run.stale, run.current, run.standby = run.live, [], []
+        _reform(run)
     return _converge(run, service_exists)
+
+
+def _move_in_place(run: _Pass) -> None:
+    """Every pod of the attempt that is not lost (the gang's, and those on standby) moves to the
+    new attempt; its agent restarts its workers, or waits, as the new attempt's members say."""
+    attempt, gang = run.status.attempt, set(run.members)
+    pods = [*run.current, *run.standby]
+    moving = [p for p in pods if p.phase not in TERMINAL_PHASES]
+    run.decision.restart_in_place = [(p.name, p.uid) for p in moving]
+    moved = [replace(p, attempt=attempt, held=None, ready=False) for p in moving]
+    run.current = [p for p in moved if p.rank in gang]
+    run.standby = [p for p in moved if p.rank not in gang]
+    run.stale += [p for p in pods if p.phase in TERMINAL_PHASES]
+    if run.members:
+        run.decision.requeue(run.policy.in_place_timeout.total_seconds())
+
+
+# --- elastic gangs (operator/elastic.py) ----------------------------------------------------
+
+
+def _split_members(run: _Pass) -> None:
+    """The attempt's gang (run.current) and its pods on standby; an elastic job starts with none."""
+    spec, status = run.job.spec, run.status
+    if spec.elastic is not None and status.members is None:
+        status.members, status.size = [], 0
+    run.members = elastic.members(spec, status)
+    gang = set(run.members)
+    run.standby = [p for p in run.current if p.rank not in gang]
+    run.current = [p for p in run.current if p.rank in gang]
+
+
+def _reform(run: _Pass) -> None:
+    """A gang recreated or resumed: an elastic one forms again from the pods that can run."""
+    if run.job.spec.elastic is not None:
+        run.status.members, run.status.size = [], 0
+        run.members = []
+
+
+def _shrink(run: _Pass, problem: Problem, service_exists: bool) -> Decision | None:
+    """A member's pod lost while node 0's lives: the rest train on in place (or wait, below the
+    minimum), counted against no budget."""
+    spec, attempt = run.job.spec, run.status.attempt
+    if spec.elastic is None or not run.members:
+        return None
+    gone = [p for p in run.ours if p.rank in run.members and p.attempt == attempt and p.terminating]
+    gone += [p for p in run.current if p.phase in TERMINAL_PHASES] + _vanished(run, [])
+    lost = {p.rank for p in gone if p.rank is not None}
+    if not lost or run.members[0] in lost or any(p.phase == "Succeeded" for p in run.current):
+        return None  # node 0's pod hosts the gang's store; a finishing gang is judged as usual
+    failure, _ = problem
+    remaining = [r for r in run.members if r not in lost]
+    below = len(remaining) < spec.elastic.min_nodes
+    after = [] if below else remaining
+    before = run.members
+    status = run.status
+    status.attempt += 1
+    why = f"{failure.reason}: {failure.message}" if failure.message else failure.reason
+    message = (
+        f"node{'s' if len(lost) > 1 else ''} {elastic.describe_nodes(sorted(lost))} lost ({why[:600]}); "
+        + (
+            f"{len(remaining)} node(s) remain, fewer than elastic.minNodes {spec.elastic.min_nodes}: attempt "
+            f"{status.attempt} waits for capacity"
+            if below
+            else f"the gang trains on at {len(after)} of {elastic.range_text(spec)} nodes as attempt {status.attempt}"
+        )
+        + " (not counted against maxRestarts)"
+    )
+    elastic.record(status, before, after, f"{elastic.LOST} ({failure.reason})", message, run.now)
+    run.members = after
+    run.decision.events.append(Event("Warning", "Resized", message))
+    run.decision.commit_first = True
+    _below_minimum(run, below, message)
+    status.replicas = ReplicaCounts()
+    status.timeline = timeline.begin(status.attempt, "InPlace", failed_at=failure.time, detected_at=run.precise)
+    run.condition("Running", False, "Resizing", message, only_if_present=True)
+    _move_in_place(run)
+    return _converge(run, service_exists)
+
+
+def _grow(run: _Pass, service_exists: bool) -> Decision | None:
+    """Standby pods Ready: the gang forms (no member yet, or below the minimum) or grows (once the
+    cool-down since the last resize passed, while it trains), in place at the next attempt."""
+    spec, status = run.job.spec, run.status
+    if spec.elastic is None:
+        return None
+    ready = [p for p in run.standby if p.ready and p.phase == "Running"]
+    if not run.members:
+        gang = elastic.first_gang(spec, ready, [p for p in run.standby if p not in ready])
+        if gang is None or 0 not in gang:
+            return None
+        reason, joined = elastic.FORMED if not status.resizes else elastic.GROWN, gang
+    else:
+        line = status.timeline
+        if not ready or line is None or line.attempt != status.attempt or line.first_step_at is None:
+            return None  # nothing to add, or the gang has not trained yet at its size
+        due = elastic.cooldown_due(spec, status)
+        if due is not None and run.now < due:
+            run.decision.requeue((due - run.now).total_seconds())
+            return None
+        joined = sorted([*run.members, *(p.rank for p in ready if p.rank is not None)])
+        reason = elastic.GROWN
+    before = run.members
+    status.attempt += 1
+    added = sorted(set(joined) - set(before))
+    message = (
+        f"node{'s' if len(added) > 1 else ''} {elastic.describe_nodes(added)} can run: the gang trains at "
+        f"{len(joined)} of {elastic.range_text(spec)} nodes as attempt {status.attempt}"
+    )
+    elastic.record(status, before, joined, reason, message, run.now)
+    run.members = joined
+    run.decision.events.append(Event("Normal", "Resized", message))
+    run.decision.commit_first = True
+    _below_minimum(run, False, message)
+    status.replicas = ReplicaCounts()
+    status.timeline = timeline.begin(status.attempt, "InPlace", detected_at=run.precise)
+    _move_in_place(run)
+    return _converge(run, service_exists)
+
+
+def _below_minimum(run: _Pass, below: bool, message: str) -> None:
+    if below:
+        if run.condition(elastic.CONDITION, True, "WaitingForNodes", message):
+            run.decision.events.append(Event("Warning", elastic.CONDITION, message))
+    else:
+        run.condition(elastic.CONDITION, False, "EnoughNodes", message, only_if_present=True)
+
+
+def _standby_text(run: _Pass) -> str:
+    spec = run.job.spec
+    low = spec.elastic.min_nodes if spec.elastic is not None else spec.nodes
+    ready = sorted(p.rank for p in run.standby if p.ready and p.rank is not None)
+    return f"waiting for nodes: {len(ready)} of {spec.nodes} pods ready to train (node 0 and at least {low} needed)"
 
 
 def _repeated(run: _Pass, previous: Failure | None, failure: Failure) -> str | None:
@@ -418,7 +563,7 @@ def _repeated(run: _Pass, previous: Failure | None, failure: Failure) -> str | N
 
 def _gang_succeeded(run: _Pass) -> bool:
     ranks = _by_rank(run.current)
-    return bool(run.current) and len(ranks) == run.job.spec.nodes and all(p.phase == "Succeeded" for p in run.current)
+    return bool(run.current) and len(ranks) == run.size and all(p.phase == "Succeeded" for p in run.current)
 
 
 def _stragglers(run: _Pass) -> Decision | None:
@@ -477,7 +622,7 @@ def _placement(run: _Pass) -> None:
     """PodsScheduled=False (Unschedulable) with the scheduler's own message while a pod of the
     attempt waits for a node (with a gang no pod binds until all fit, and nothing else would
     say why); True again once every pod is bound."""
-    nodes = run.job.spec.nodes
+    nodes = run.size
     waiting = sorted(
         (p.rank or 0, p.name, c.message)
         for p in run.current
@@ -490,7 +635,7 @@ def _placement(run: _Pass) -> None:
         message = f"pod {pod}: {said}"
         if run.condition("PodsScheduled", False, "Unschedulable", message):
             run.decision.events.append(Event("Warning", "Unschedulable", message))
-    elif len(_by_rank(run.current)) == nodes and all(p.scheduled for p in run.current):
+    elif nodes and len(_by_rank(run.current)) == nodes and all(p.scheduled for p in run.current):
         message = f"all {nodes} pods of attempt {run.status.attempt} are bound to nodes"
         run.condition("PodsScheduled", True, "AllPodsScheduled", message, only_if_present=True)
 
@@ -501,7 +646,7 @@ def _stalled(run: _Pass) -> Problem | None:
     hang, status = run.run.hang_timeout_seconds, run.status
     startup = startup_timeout_seconds(hang, run.run.startup_timeout_seconds)
     running = get_condition(status, "Running")
-    rank0 = _by_rank(run.current).get(0)
+    rank0 = _by_rank(run.current).get(run.members[0]) if run.members else None
     if running is None or running.status != "True" or rank0 is None:
         return None
     due = stall_due(status.progress, running.last_transition_time, hang, startup)
@@ -514,8 +659,9 @@ def _stalled(run: _Pass) -> Problem | None:
     # The trainer's watchdog arms at the first step: a stall in start-up has no stacks to read.
     if run.stacks is not None and progressed_since(status.progress, running.last_transition_time):
         procs = run.job.spec.procs_per_node
-        verdict = blame(run.stacks, run.job.spec.nodes * procs)
-        pod = None if verdict.rank is None else _by_rank(run.current).get(verdict.rank // procs)
+        verdict = blame(run.stacks, run.size * procs)
+        node = None if verdict.rank is None else run.members[verdict.rank // procs]
+        pod = None if node is None else _by_rank(run.current).get(node)
         culprit = (pod, verdict.message)
     failure = stall_failure(
         rank0, status.attempt, status.progress, running.last_transition_time, hang, startup, run.now, culprit
@@ -562,10 +708,13 @@ def _cleanup(run: _Pass) -> Decision:
 
 def _converge(run: _Pass, service_exists: bool) -> Decision:
     """Create what is missing, delete older attempts, and report how far the gang got."""
-    status, decision, nodes = run.status, run.decision, run.job.spec.nodes
-    decision.delete_pods = [(p.name, p.uid) for p in run.stale]
+    status, decision, nodes = run.status, run.decision, run.size
+    # A standby pod that failed is deleted and created again: it never fails the gang.
+    failed_standby = [p for p in run.standby if p.phase in TERMINAL_PHASES]
+    decision.delete_pods = [(p.name, p.uid) for p in [*run.stale, *failed_standby]]
     by_rank = _by_rank(run.current)
-    missing = [r for r in range(nodes) if r not in by_rank]
+    present = by_rank.keys() | {p.rank for p in run.standby if p not in failed_standby}
+    missing = [r for r in range(run.job.spec.nodes) if r not in present]
     decision.create_ranks = [r for r in missing if naming.pod_name(run.job.name, r) not in run.occupied]
     decision.create_service = not service_exists
     if decision.delete_pods:
@@ -585,18 +734,23 @@ def _converge(run: _Pass, service_exists: bool) -> Decision:
         start: AttemptStart = "Resume" if resumed else "Start" if status.attempt == 0 else "Recreate"
         status.timeline = timeline.begin(status.attempt, start, detected_at=run.precise)
     if status.timeline is not None and status.timeline.attempt == status.attempt:
-        status.timeline = timeline.advance(status.timeline, run.current, nodes, creating=len(assumed), now=run.precise)
+        # An elastic gang with no member yet: its time goes to the pods that may form it.
+        pods, counted_nodes = (run.current, nodes) if nodes else ([*run.current, *run.standby], run.job.spec.nodes)
+        status.timeline = timeline.advance(status.timeline, pods, counted_nodes, creating=len(assumed), now=run.precise)
+        if not nodes:
+            status.timeline = status.timeline.model_copy(update={"waiting_on": _standby_text(run)})
     counts = _counts(run.current)
     counts.active += len(assumed)
     status.replicas = counts
-    if len(by_rank) + len(assumed) == nodes and run.condition(
-        "Created", True, "PodsCreated", f"headless Service {naming.service_name(run.job.name)} and {nodes} pods"
+    created = len(present) + len(assumed)
+    if created == run.job.spec.nodes and run.condition(
+        "Created", True, "PodsCreated", f"headless Service {naming.service_name(run.job.name)} and {created} pods"
     ):
         decision.events.append(
-            Event("Normal", "Created", f"created headless Service and {nodes} pods (attempt {status.attempt})")
+            Event("Normal", "Created", f"created headless Service and {created} pods (attempt {status.attempt})")
         )
     # Ranks that already exited 0 wait for the others: the gang still runs.
-    running = len(by_rank) == nodes and all(p.phase in ("Running", "Succeeded") for p in run.current)
+    running = bool(nodes) and len(by_rank) == nodes and all(p.phase in ("Running", "Succeeded") for p in run.current)
     line = status.timeline
     restarting = line is not None and line.start == "InPlace" and line.attempt == status.attempt
     if running and restarting and line is not None and line.rendezvous_at is None:
@@ -604,6 +758,8 @@ def _converge(run: _Pass, service_exists: bool) -> Decision:
         # agent started the attempt's workers (its pod turned Ready) or rank 0 met the others.
         agents = sum(p.ready or p.phase == "Succeeded" for p in run.current)
         running, counted = agents == nodes, f"{agents} of {nodes} torchrun agents restarted their workers"
+    elif not nodes:
+        counted = _standby_text(run)
     else:
         counted = f"{sum(p.phase == 'Running' for p in run.current)} of {nodes} pods running"
     if running:

@@ -112,7 +112,7 @@ def waiting_on(timeline: Timeline, pods: Sequence[PodView], nodes: int, creating
             return f"pod creation: {len(by_rank)} of {nodes} pods exist"
         unbound = sorted(((p.rank or 0, p.schedule_message) for p in pods if not p.scheduled), key=lambda u: u[0])
         if unbound or creating:
-            rank, said = unbound[0] if unbound else (min(set(range(nodes)) - set(by_rank)), "")
+            rank, said = unbound[0] if unbound else (min(set(range(nodes)) - set(by_rank), default=0), "")
             said = said or "no scheduler has placed it yet"
             return f"scheduling: {len(unbound) + creating} of {nodes} pods not bound; node {rank}: {said}"
         starting = sorted(((p.rank or 0, p) for p in pods if p.phase == "Pending"), key=lambda u: u[0])

@@ -59,10 +59,13 @@ from kubetrain.api.contract import (
     AGENT_TOKEN_ENV,
     ATTEMPT_ENV,
     ATTEMPT_FILE_ENV,
+    MEMBERS_FILE,
     ORDER_PATH,
     POD_IP_ENV,
     READY_PATH,
+    format_members,
     order_signature,
+    parse_members,
 )
 from kubetrain.trainer import reach, survivor, torch_private, warmstart
 
@@ -98,6 +101,15 @@ def read_attempt(path: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def read_members(path: Path) -> tuple[int, list[int]] | None:
+    """An elastic gang's members file (the pod's members annotation): (attempt, members), or None
+    where there is none (a gang of a fixed size)."""
+    try:
+        return parse_members(path.read_text())
+    except OSError:
+        return None
+
+
 def oom_kills() -> int:
     """The OOM kills counted in this process's memory cgroup (cgroup v2 or v1), 0 if unreadable."""
     for path in OOM_EVENTS:
@@ -125,6 +137,7 @@ class AgentPort:
         self.token = token
         self.ready = False
         self.ordered: int | None = None
+        self.members: dict[int, list[int]] = {}  # attempt -> its members, from orders of an elastic gang
         self.refused: list[str] = []  # why orders were refused, for the main thread to log
         self.server: _Server | None = None
 
@@ -149,11 +162,14 @@ class AgentPort:
         try:
             order = json.loads(body)
             attempt, signature = int(order["attempt"]), str(order["signature"])
+            members = None if order.get("members") is None else [int(rank) for rank in order["members"]]
         except (ValueError, KeyError, TypeError):
-            return 400, 'expected {"attempt": N, "signature": "..."}'
-        if not hmac.compare_digest(signature, order_signature(self.token, attempt)):
+            return 400, 'expected {"attempt": N, "signature": "...", "members": [...] (elastic gangs)}'
+        if not hmac.compare_digest(signature, order_signature(self.token, attempt, members)):
             self.refused.append(f"an order of attempt {attempt} with a wrong signature")
             return 403, "wrong signature"
+        if members is not None:
+            self.members[attempt] = members  # before `ordered`: the main thread reads them in that order
         if self.ordered is None or attempt > self.ordered:
             self.ordered = attempt
         return 202, f"attempt {attempt} ordered"
@@ -281,6 +297,11 @@ class InPlace:
         self.port.open()
         found = read_attempt(self.path)
         self.attempt = found if found is not None else int(os.environ.get(ATTEMPT_ENV, "0") or 0)
+        # An elastic gang (spec.elastic): which nodes train in each attempt (kubetrain.operator.elastic).
+        self.members_path = Path(self.path).with_name(MEMBERS_FILE)
+        self.known: dict[int, list[int]] = {}
+        self.node: int | None = None  # this pod's node rank, whatever its rank in a gang (from its first rendezvous)
+        self.run_id: str | None = None  # the rendezvous's own, before any attempt's
         self.preloaded = False
         self.oom_kills = 0
         self.exits = ExitTimes()
@@ -302,7 +323,7 @@ class InPlace:
         # ids from it only after this hook, so group.workers cannot be read for them yet.
         self.exits.watch([pid for pid in pids.values() if isinstance(pid, int)])
         self.port.ready = True
-        emit("launch", attempt=self.attempt, node=group.group_rank, workers=len(group.workers))
+        emit("launch", attempt=self.attempt, node=self.node_of(group), workers=len(group.workers))
 
     # --- the monitor loop ----------------------------------------------------------------
 
@@ -317,7 +338,10 @@ class InPlace:
         if newer is not None:
             log.warning("attempt %d ordered while attempt %d runs: restarting the workers", newer, self.attempt)
             self.port.ready = False
-            stop(agent, group)
+            if self.membership(newer) != self.membership(self.attempt):
+                self._resize_stop(agent, group)
+            else:
+                stop(agent, group)
             return self._start(agent, group, newer, result)
         own = result.state in (states.FAILED, states.UNHEALTHY)
         if not own:
@@ -334,7 +358,7 @@ class InPlace:
         self._register(group, result if own else None)
         failure = self._consolidate(group)
         if failure is not None:
-            emit("failure", attempt=self.attempt, reported_by=group.group_rank, **failure)
+            emit("failure", attempt=self.attempt, reported_by=self.node_of(group), **failure)
         return self._start(agent, group, self._hold(group.store), result)
 
     def _start(self, agent: Any, group: Any, attempt: int, result: Any) -> Any:
@@ -358,6 +382,64 @@ class InPlace:
         else:
             log.warning("workers still running %.0f s after the gang's failure: killing them", survivor.grace_s())
 
+    def _resize_stop(self, agent: Any, group: Any) -> None:
+        """The gang changes size while it trains: SIGTERM, so the trainer's stop vote saves the step it
+        is at (or, where a member is gone, the survivor's save does), then SIGKILL after the grace."""
+        log.warning("the gang changes size: stopping the workers at a step boundary (SIGTERM)")
+        torch_private.stop_workers(agent, group, death_sig=signal.SIGTERM, timeout=survivor.grace_s())
+
+    # --- an elastic gang's members --------------------------------------------------------
+
+    def node_of(self, group: Any) -> int:
+        """This pod's node rank: its rank in the gang unless an elastic gang renumbered it."""
+        return self.node if self.node is not None else int(group.group_rank)
+
+    def elastic(self) -> bool:
+        return bool(self.known) or read_members(self.members_path) is not None
+
+    def membership(self, attempt: int) -> list[int] | None:
+        """The node ranks of `attempt`'s gang, where the operator named them (an elastic gang)."""
+        if attempt in self.known:
+            return self.known[attempt]
+        ordered = self.port.members.get(attempt)
+        if ordered is None:
+            found = read_members(self.members_path)
+            ordered = found[1] if found is not None and found[0] == attempt else None
+        if ordered is not None:
+            self.known[attempt] = ordered
+        return ordered
+
+    def join(self, rendezvous: Any) -> None:
+        """Before each rendezvous of an elastic gang: wait until an attempt names this node (on
+        standby meanwhile: Ready, and a `standby` record), then meet that attempt's members."""
+        own = torch_private.rendezvous_membership(rendezvous)
+        if own is None:
+            return
+        if self.run_id is None:
+            self.node, self.run_id = own[0], own[2]
+        if not self.elastic():
+            return
+        announced = None
+        while True:
+            members = self.membership(self.attempt)
+            if members is not None and self.node in members:
+                break
+            if members is not None and announced != self.attempt:
+                announced = self.attempt
+                self.port.ready = True
+                emit("standby", attempt=self.attempt, node=self.node)
+                log.info("attempt %d trains on nodes %s: node %d waits on standby", self.attempt, members, self.node)
+            newer = self._ordered(None)
+            if newer is not None:
+                self.attempt = newer
+                self.port.ready = False
+            else:
+                time.sleep(POLL_S)
+        assert self.node is not None
+        rank = members.index(self.node)
+        torch_private.set_rendezvous_membership(rendezvous, rank, len(members), f"{self.run_id}-attempt-{self.attempt}")
+        log.info("attempt %d: node %d is rank %d of %d nodes", self.attempt, self.node, rank, len(members))
+
     def _key(self, *parts: object) -> str:
         return "/".join([STORE_PREFIX, str(self.attempt), *map(str, parts)])
 
@@ -368,7 +450,7 @@ class InPlace:
             return False
 
     def _register(self, group: Any, result: Any) -> None:
-        entry: dict[str, Any] = {"node": group.group_rank, "time": time.time(), "failed": result is not None}
+        entry: dict[str, Any] = {"node": self.node_of(group), "time": time.time(), "failed": result is not None}
         if result is not None and result.failures:
             rank, failure = min(
                 result.failures.items(), key=lambda item: (peer_lost(item[1].message), self.exits.of(item[1].pid))
@@ -420,18 +502,32 @@ class InPlace:
         through the store), or relayed by another agent that learnt it first. The file alone is
         not enough: each pod's file is refreshed by its own kubelet, on that kubelet's schedule,
         within a second as a rule, but a volume refresh may wait for the pod's next periodic
-        sync (a minute or more; seen in CI), and no Kubernetes release promises a bound."""
+        sync (a minute or more; seen in CI), and no Kubernetes release promises a bound. An
+        elastic gang's attempt counts once its members are known too (`membership`). `store`
+        None: an agent on standby, not connected to the gang's store yet."""
         relay = self._key("next")
         ordered, named = self.port.ordered, read_attempt(self.path)
+        elastic = self.elastic()
         for own in (ordered, named):  # the operator's order first: it does not wait on the kubelet
-            if own is not None and own > self.attempt:
+            if own is None or own <= self.attempt:
+                continue
+            members = self.membership(own)
+            if elastic and members is None:
+                continue  # its members come with the order, or in the file beside the attempt's
+            if store is not None:
                 with contextlib.suppress(*STORE_ERRORS):
-                    store.set(relay, str(own))
-                return own
+                    store.set(relay, str(own) if members is None else format_members(own, members))
+            return own
+        if store is None:
+            return None
         try:
-            relayed = int(store.get(relay)) if store.check([relay]) else None
+            text = store.get(relay).decode() if store.check([relay]) else ""
         except STORE_ERRORS:
             return None
+        found = parse_members(text)
+        relayed = found[0] if found is not None else int(text) if text.isdigit() else None
+        if found is not None:
+            self.known.setdefault(found[0], found[1])
         if relayed is not None and relayed > self.attempt:
             log.warning(
                 "attempt %d named by another node's agent; this pod's attempt file still says %s", relayed, named
@@ -464,14 +560,17 @@ class InPlace:
 
 # --- installing it into torch's agent ----------------------------------------------------
 
-_STATE: dict[int, InPlace] = {}
+_STATE: list[InPlace] = []  # the one torchrun agent of this process, made on first use
+
+
+def current() -> InPlace:
+    if not _STATE:
+        _STATE.append(InPlace())
+    return _STATE[0]
 
 
 def _state(agent: Any) -> InPlace:
-    state = _STATE.get(id(agent))
-    if state is None:
-        state = _STATE[id(agent)] = InPlace()
-    return state
+    return current()
 
 
 def patch_agent(module: ModuleType) -> None:
@@ -573,6 +672,8 @@ def patch_static_rendezvous(module: ModuleType) -> None:
         return
 
     def next_rendezvous(self: Any) -> Any:
+        if enabled():
+            current().join(self)  # an elastic gang: this attempt's rank and size
         if not torch_private.rendezvous_connected(self) and getattr(self, "rank", 0) != 0:
             timeout = getattr(self, "timeout", None)
             seconds = timeout.total_seconds() if timeout is not None else 900.0

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-LEDGER_ENV = "KUBETRAIN_SAMPLE_LEDGER"
+from kubetrain.api.contract import LEDGER_ENV as LEDGER_ENV
 
 
 class Indexed(Dataset[Any]):

@@ -89,6 +89,10 @@ CUDA_IN_BAD_FORK = Private("torch.cuda", None, "_is_in_bad_fork", "function")
 DYNAMO = Private("torch._dynamo", None, "", "module")
 
 RENDEZVOUS_STORE = Private(STATIC_RENDEZVOUS, "StaticTCPRendezvous", "_store", "attribute")
+# Public attributes, but of a class torch documents no way to change: an elastic gang's resize sets them.
+RENDEZVOUS_RANK = Private(STATIC_RENDEZVOUS, "StaticTCPRendezvous", "rank", "attribute")
+RENDEZVOUS_WORLD_SIZE = Private(STATIC_RENDEZVOUS, "StaticTCPRendezvous", "world_size", "attribute")
+RENDEZVOUS_RUN_ID = Private(STATIC_RENDEZVOUS, "StaticTCPRendezvous", "run_id", "attribute")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +147,13 @@ NODE0_WAIT = Feature(
     "torch's store client retries with growing gaps",
     (RENDEZVOUS_STORE,),
 )
-FEATURES = (NODE0_LAST, IN_PLACE, KILL_AT_ONCE, WARM_START, FORK_CUDA_CHECK, PRELOAD, NODE0_WAIT)
+RESIZE = Feature(
+    "resize-in-place",
+    "restarting an elastic gang in place at another size",
+    "the gang restarts at its first size, and a resize waits until the operator recreates it",
+    (RENDEZVOUS_RANK, RENDEZVOUS_WORLD_SIZE, RENDEZVOUS_RUN_ID),
+)
+FEATURES = (NODE0_LAST, IN_PLACE, KILL_AT_ONCE, WARM_START, FORK_CUDA_CHECK, PRELOAD, NODE0_WAIT, RESIZE)
 NAMES = tuple(name for feature in FEATURES for name in feature.names)
 
 # Not private, but a torch version's boundary the save budget relies on: torchrun reads
@@ -348,6 +358,25 @@ def rendezvous_connected(rendezvous: Any) -> bool:
         return attribute(rendezvous, RENDEZVOUS_STORE, NODE0_WAIT) is not None
     except Missing:
         return True
+
+
+def rendezvous_membership(rendezvous: Any) -> tuple[int, int, str] | None:
+    """A static rendezvous's (rank, world size, run id); None where this torch keeps them otherwise."""
+    try:
+        return (
+            int(attribute(rendezvous, RENDEZVOUS_RANK, RESIZE)),
+            int(attribute(rendezvous, RENDEZVOUS_WORLD_SIZE, RESIZE)),
+            str(attribute(rendezvous, RENDEZVOUS_RUN_ID, RESIZE)),
+        )
+    except Missing:
+        return None
+
+
+def set_rendezvous_membership(rendezvous: Any, rank: int, world_size: int, run_id: str) -> None:
+    """The static rendezvous's next round at this rank of this many nodes, its keys under `run_id`
+    (torch's agents keep their rank assignments in the store under it: a new id per attempt keeps
+    a smaller gang from reading the assignments of a larger one)."""
+    rendezvous.rank, rendezvous.world_size, rendezvous.run_id = rank, world_size, run_id
 
 
 # --- forks and preloads -----------------------------------------------------------------

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import json
 import signal
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from support.ledgers import ledger_steps
 from support.trainer_runs import Launcher, records
 
 from kubetrain.api.training import TrainConfig
 from kubetrain.trainer.checkpoint import complete_checkpoints, latest_checkpoint, read_checkpoint
-from kubetrain.trainer.ledger import LEDGER_ENV, read
+from kubetrain.trainer.ledger import LEDGER_ENV
 
 pytestmark = pytest.mark.train
 
@@ -67,21 +67,6 @@ def _ok(results: list[tuple[int, str, str]]) -> str:
     return results[0][1]
 
 
-def _steps(ledger: Path) -> dict[int, tuple[int, set[int], int]]:
-    """step -> (epoch, the step's global sample set, its world size), the last time it was trained."""
-    by_step: dict[int, dict[int, Any]] = defaultdict(dict)
-    for line in read(ledger):  # oldest first: a step trained again counts as its last training
-        by_step[line["step"]][line["rank"]] = line
-    steps = {}
-    for step, ranks in by_step.items():
-        world = next(iter(ranks.values()))["world_size"]
-        assert sorted(ranks) == list(range(world)), f"step {step}: ranks {sorted(ranks)} of {world}"
-        samples = [i for line in ranks.values() for i in line["indices"]]
-        assert len(samples) == len(set(samples)), f"step {step} trained a sample twice"
-        steps[step] = (next(iter(ranks.values()))["epoch"], set(samples), world)
-    return steps
-
-
 def complete(config: TrainConfig) -> list[Path]:
     return [path for _, path in complete_checkpoints(config.checkpoint.dir)]
 
@@ -115,7 +100,7 @@ def test_three_two_three_trains_as_three(launcher: Launcher, tmp_path: Path) -> 
     assert third[-1]["event"] == "done" and third[-1]["step"] == EPOCHS * STEPS_PER_EPOCH
     done = records(_ok(reference.wait(240)))
 
-    ours, theirs = _steps(tmp_path / "le"), _steps(tmp_path / "l3")
+    ours, theirs = ledger_steps(tmp_path / "le"), ledger_steps(tmp_path / "l3")
     assert sorted(ours) == sorted(theirs) == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
     assert {world for _, _, world in ours.values()} == {2, 3}
     for step in ours:
