@@ -917,9 +917,7 @@ class TrainingJobStatus(StrictModel):
         description="Gang restarts not counted against maxRestarts (by default: disruptions such as evictions).",
     )
     replicas: ReplicaCounts | None = Field(None, description="Pod counts of the current attempt.")
-    size: int | None = Field(
-        None, ge=0, description="Nodes in the current attempt's gang (spec.elastic jobs; the others: spec.nodes)."
-    )
+    size: int | None = Field(None, ge=0, description="Nodes training in the current attempt (spec.elastic jobs only).")
     members: list[Annotated[int, Field(ge=0)]] | None = Field(
         None,
         max_length=naming.MAX_NODES,
