@@ -92,6 +92,15 @@ def test_survivor_save_benchmark_runs(tmp_path: Path) -> None:
     assert result["summary"]["ratio_failure_to_training_survivor_over_off"] > 0
 
 
+def test_elastic_resize_benchmark_runs(tmp_path: Path) -> None:
+    result = run_benchmark("elastic_resize.py", tmp_path / "elastic.json", "--repeats", "1")
+    runs = {run["variant"]: run for run in result["runs"]}
+    assert sorted(runs) == ["elastic", "fixed"]
+    assert runs["elastic"]["resizes"] == [[0, 3], [3, 2], [2, 3]] and runs["elastic"]["restarts"] == 0
+    assert runs["fixed"]["restarts"] == 1 and runs["elastic"]["steps_lost"] == 0
+    assert result["summary"]["ratio_shrink_over_recreate"] > 0
+
+
 @pytest.mark.slow
 def test_trainer_overhead_benchmark_runs(tmp_path: Path) -> None:
     tiny = ("--reps", "1", "--steps", "30", "--rounds", "1", "--block", "4")

@@ -186,3 +186,32 @@ def test_a_standby_pod_that_fails_is_replaced_without_a_failure() -> None:
 def test_an_elastic_spec_that_cannot_work_is_refused_naming_the_field(spec: dict[str, Any], says: str) -> None:
     with pytest.raises(ValidationError, match=says):
         make_job(**spec)
+
+
+def test_an_elastic_pod_carries_its_attempts_members_beside_its_attempt() -> None:
+    from kubetrain.operator.render import render_pod
+
+    job = make_job(
+        elastic=ELASTIC,
+        command=["python", "train.py"],
+        template={"metadata": {"annotations": {"kubetrain.dev/members": "mine", "team": "a"}}},
+    )
+    pod = render_pod(job, "ns", "uid", 2, 5, members=[0, 1])
+    assert pod["metadata"]["annotations"] == {"kubetrain.dev/members": "5:0,1", "team": "a"}, "kubetrain's wins"
+    (volume,) = [v for v in pod["spec"]["volumes"] if "downwardAPI" in v]
+    paths = {item["path"]: item["fieldRef"]["fieldPath"] for item in volume["downwardAPI"]["items"]}
+    assert paths == {
+        "attempt": "metadata.labels['kubetrain.dev/attempt']",
+        "members": "metadata.annotations['kubetrain.dev/members']",
+    }
+    fixed = render_pod(make_job(command=["python", "train.py"]), "ns", "uid", 2, 5)
+    assert "annotations" not in fixed["metadata"], "a gang of a fixed size gets no annotation"
+
+
+def test_an_elastic_gang_is_placed_pod_by_pod() -> None:
+    from kubetrain.operator import podgroup
+
+    choice = podgroup.choose(elastic_job().spec, frozenset({"scheduling.k8s.io/v1alpha2"}))
+    assert (choice.mode, choice.reason) == ("none", "Elastic")
+    with pytest.raises(ValidationError, match=r"scheduling\.gang native"):
+        make_job(elastic=ELASTIC, command=["x"], scheduling={"gang": "native"})

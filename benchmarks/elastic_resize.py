@@ -1,0 +1,195 @@
+"""Seconds to training again when a node is lost, and when it comes back: an elastic gang resized in
+place against a gang of a fixed size recreated, side by side in one invocation.
+
+`kubetrain run --local`, 3 nodes training digits (global batch 96, no periodic saves), node 2's
+process tree (its torchrun agent and its worker) SIGKILLed once the gang passed step KILL_STEP: the
+local stand-in for a pod lost with its node. Two variants, alternating within each pair of runs:
+
+- `elastic`: spec.elastic {minNodes: 2, scaleUpCooldownSeconds: 0}. The gang shrinks to 2 in place;
+  node 2, started again, waits on standby and the gang grows back to 3 at its next step boundary.
+  shrink_s = the kill -> the first step at 2; grow_s = node 2's agent on standby (its `standby`
+  record: capacity back) -> the first step at 3.
+- `fixed`: the same job without a range (what every job did before): the lost node recreates the
+  whole gang. recreate_s = the kill -> the first step of the recreated gang.
+
+Steps lost per run: the steps trained twice (the per-step sample ledger, KUBETRAIN_SAMPLE_LEDGER).
+
+    .venv/bin/python benchmarks/elastic_resize.py [--repeats 3] [--output FILE]
+
+Writes benchmarks/results/elastic_resize.json (or --output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+from kubetrain.api.contract import LEDGER_ENV
+from kubetrain.api.records import records_in
+from kubetrain.trainer.ledger import read
+
+ROOT = Path(__file__).resolve().parent.parent
+KUBETRAIN = str(Path(sys.executable).parent / "kubetrain")
+RESULTS = ROOT / "benchmarks" / "results" / "elastic_resize.json"
+VARIANTS = ("elastic", "fixed")
+KILL_STEP = 60
+
+
+def job(directory: Path, variant: str) -> Path:
+    spec: dict[str, Any] = {
+        "nodes": 3,
+        "env": [{"name": LEDGER_ENV, "value": str(directory / "ledger")}],
+        "training": {
+            "dataset": "digits",
+            "epochs": 30,
+            "batchSize": 32,
+            "globalBatchSize": 96,
+            "seed": 5,
+            "logEverySteps": 1,
+        },
+        "checkpoint": {"dir": "/checkpoints", "keep": 2},
+    }
+    if variant == "elastic":
+        spec["elastic"] = {"minNodes": 2, "scaleUpCooldownSeconds": 0}
+    path = directory / "job.yaml"
+    document = {"apiVersion": "kubetrain.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": variant}}
+    path.write_text(yaml.safe_dump({**document, "spec": spec}))
+    return path
+
+
+def _status(run_dir: Path) -> dict[str, Any]:
+    try:
+        found: dict[str, Any] = json.loads((run_dir / "status.json").read_text())
+        return found
+    except (OSError, ValueError):
+        return {}
+
+
+def _at(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _first_step(run_dir: Path, attempt_after: int, size: int | None, deadline: float) -> tuple[int, float]:
+    """(attempt, time of its first step) of the first attempt after `attempt_after` that trains
+    (at `size` nodes, when given), read from status.json as it changes."""
+    while time.monotonic() < deadline:
+        status = _status(run_dir)
+        line = status.get("timeline") or {}
+        sized = size is None or status.get("size") == size
+        if status.get("attempt", 0) > attempt_after and line.get("firstStepAt") and sized:
+            return int(status["attempt"]), _at(line["firstStepAt"])
+        time.sleep(0.02)
+    raise RuntimeError(f"{run_dir.name}: no attempt after {attempt_after} trained in time")
+
+
+def _standby_time(run_dir: Path) -> float:
+    """When node 2's agent, started again, waited on standby (its log's last `standby` record)."""
+    found = [r for r in records_in((run_dir / "node-2.log").read_text()) if r["event"] == "standby"]
+    if not found:
+        raise RuntimeError(f"{run_dir.name}: node 2 never waited on standby")
+    return float(found[-1]["time"])
+
+
+def run_once(directory: Path, variant: str, index: int) -> dict[str, Any]:
+    where = directory / f"{variant}-{index}"
+    where.mkdir(parents=True)
+    run_dir = where / "run"
+    proc = subprocess.Popen(
+        [KUBETRAIN, "run", str(job(where, variant)), "--local", "--run-dir", str(run_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+    result: dict[str, Any] = {"variant": variant}
+    try:
+        deadline = time.monotonic() + 600
+        while ((_status(run_dir).get("progress") or {}).get("step") or 0) < KILL_STEP:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"{variant} run {index} never reached step {KILL_STEP}")
+            time.sleep(0.02)
+        attempt = int(_status(run_dir)["attempt"])
+        node2 = json.loads((run_dir / "pids.json").read_text())["pids"][2]
+        root = psutil.Process(node2)
+        doomed = [root, *root.children(recursive=True)]
+        killed = time.time()
+        for member in doomed:
+            member.kill()
+        if variant == "elastic":
+            shrunk, at = _first_step(run_dir, attempt, 2, deadline)
+            result["shrink_s"] = round(at - killed, 3)
+            _, grown_at = _first_step(run_dir, shrunk, 3, deadline)
+            result["grow_s"] = round(grown_at - _standby_time(run_dir), 3)
+        else:
+            _, at = _first_step(run_dir, attempt, None, deadline)
+            result["recreate_s"] = round(at - killed, 3)
+        if proc.wait(timeout=600) != 0:
+            raise RuntimeError(f"{variant} run {index} exited {proc.returncode}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    status = _status(run_dir)
+    trained = Counter((line["step"], line["rank"]) for line in read(where / "ledger"))
+    result["steps_lost"] = len({step for (step, _), count in trained.items() if count > 1})
+    result["restarts"] = status.get("restarts")
+    result["resizes"] = [(r["fromSize"], r["toSize"]) for r in status.get("resizes") or []]
+    return result
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    def median(variant: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs if r["variant"] == variant)
+
+    shrink, grow, recreate = median("elastic", "shrink_s"), median("elastic", "grow_s"), median("fixed", "recreate_s")
+    return {
+        "median_shrink_s": shrink,
+        "median_grow_s": grow,
+        "median_recreate_s": recreate,
+        "steps_lost": {v: [r["steps_lost"] for r in runs if r["variant"] == v] for v in VARIANTS},
+        "ratio_shrink_over_recreate": round(shrink / recreate, 3),
+        "ratio_grow_over_recreate": round(grow / recreate, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="pairs of runs (one of each variant)")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--keep", type=Path, help="keep the runs' dirs (logs, status) under this folder")
+    args = parser.parse_args()
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="kubetrain-elastic-") as tmp:
+        where = args.keep or Path(tmp)
+        where.mkdir(parents=True, exist_ok=True)
+        for index in range(args.repeats):
+            for variant in VARIANTS if index % 2 == 0 else VARIANTS[::-1]:
+                runs.append(run_once(where, variant, index))
+                print(json.dumps(runs[-1]), flush=True)
+    result = {
+        "benchmark": "elastic_resize",
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg(), "python": platform.python_version()},
+        "kill_step": KILL_STEP,
+        "runs": runs,
+        "summary": summarize(runs),
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
