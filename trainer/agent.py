@@ -411,7 +411,8 @@ class InPlace:
 
     def join(self, rendezvous: Any) -> None:
         """Before each rendezvous of an elastic gang: wait until an attempt names this node (on
-        standby meanwhile: Ready, and a `standby` record), then meet that attempt's members."""
+        standby meanwhile: Ready, and a `standby` record), then until every member of it is there
+        too (`_gathered`), then meet them at this node's rank among them."""
         own = torch_private.rendezvous_membership(rendezvous)
         if own is None:
             return
@@ -419,26 +420,54 @@ class InPlace:
             self.node, self.run_id = own[0], own[2]
         if not self.elastic():
             return
+        while True:
+            members = self._await_membership()
+            store = torch_private.rendezvous_store(rendezvous)
+            if store is None or self._gathered(store, members):
+                break
+        assert self.node is not None
+        rank = members.index(self.node)
+        torch_private.set_rendezvous_membership(rendezvous, rank, len(members), f"{self.run_id}-attempt-{self.attempt}")
+        log.info("attempt %d: node %d is rank %d of %d nodes", self.attempt, self.node, rank, len(members))
+
+    def _await_membership(self) -> list[int]:
+        """The members of the first attempt from this one on that names this node."""
         announced = None
         while True:
             members = self.membership(self.attempt)
             if members is not None and self.node in members:
-                break
+                return members
             if members is not None and announced != self.attempt:
                 announced = self.attempt
                 self.port.ready = True
                 emit("standby", attempt=self.attempt, node=self.node)
-                log.info("attempt %d trains on nodes %s: node %d waits on standby", self.attempt, members, self.node)
+                log.info("attempt %d trains on nodes %s: node %s waits on standby", self.attempt, members, self.node)
             newer = self._ordered(None)
             if newer is not None:
                 self.attempt = newer
                 self.port.ready = False
             else:
                 time.sleep(POLL_S)
+
+    def _gathered(self, store: Any, members: list[int]) -> bool:
+        """Whether every member of the attempt came to its rendezvous (True), or a later attempt was
+        ordered first (False: self.attempt is that one now). torch's rendezvous blocks, deaf to
+        orders, until every member comes: a member lost meanwhile would hold the others there until
+        torch's timeout (minutes). This waits in Python instead, listening for the next order."""
+        keys = [f"{STORE_PREFIX}/join/{self.run_id}/{self.attempt}/{node}" for node in members]
         assert self.node is not None
-        rank = members.index(self.node)
-        torch_private.set_rendezvous_membership(rendezvous, rank, len(members), f"{self.run_id}-attempt-{self.attempt}")
-        log.info("attempt %d: node %d is rank %d of %d nodes", self.attempt, self.node, rank, len(members))
+        try:
+            store.set(keys[members.index(self.node)], "1")
+            while not store.check(keys):
+                newer = self._ordered(None)
+                if newer is not None:
+                    log.warning("attempt %d ordered before attempt %d's gang met", newer, self.attempt)
+                    self.attempt = newer
+                    return False
+                time.sleep(POLL_S)
+        except STORE_ERRORS as error:  # node 0's store gone: torch's rendezvous says it better
+            log.warning("could not gather attempt %d's members in the store: %s", self.attempt, error)
+        return True
 
     def _key(self, *parts: object) -> str:
         return "/".join([STORE_PREFIX, str(self.attempt), *map(str, parts)])

@@ -351,6 +351,15 @@ def output_redirected(handler: Any) -> bool:
     return stdout is not None or stderr is not None
 
 
+def rendezvous_store(rendezvous: Any) -> Any:
+    """The store a static rendezvous connected to (node 0's), or None: not connected yet, or a
+    torch that keeps it under another name."""
+    try:
+        return attribute(rendezvous, RENDEZVOUS_STORE, NODE0_WAIT)
+    except Missing:
+        return None
+
+
 def rendezvous_connected(rendezvous: Any) -> bool:
     """Whether a static rendezvous already holds its store (then there is nothing to wait for);
     True where this torch keeps it under another name (torch's own client then connects)."""

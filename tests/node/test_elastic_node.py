@@ -147,7 +147,10 @@ def test_an_elastic_gang_trains_on_the_nodes_there_are(jobs: RealJobs) -> None:
     status = job["status"]
     assert (status["restarts"], status["uncountedRestarts"]) == (0, 0), status
     sizes = [(r["fromSize"], r["toSize"]) for r in status["resizes"]]
-    assert sizes == [(0, 2), (2, 3), (3, 2), (2, 3), (3, 0), (0, 3)], status["resizes"]
+    # The two evictions may be seen in one pass (3 -> 0) or one after the other (3 -> 2 -> 0).
+    assert sizes[:4] == [(0, 2), (2, 3), (3, 2), (2, 3)], status["resizes"]
+    assert sizes[4:6] in ([(3, 0), (0, 2)], [(3, 0), (0, 3)], [(3, 2), (2, 0)]), status["resizes"]
+    assert all(to >= 2 for _, to in sizes[6:]), status["resizes"]
     assert _step(job) > waited_at
 
     # Exactly once, and the undisturbed run's global batches, across every resize.
@@ -167,7 +170,7 @@ def test_an_elastic_gang_trains_on_the_nodes_there_are(jobs: RealJobs) -> None:
     assert {len(samples) for samples in by_epoch.values()} == {batches.epoch_samples}
 
     # Each resize resumed at the step the gang had reached: no step trained twice (the ledger said
-    # so), and a resume record per attempt after the first gang.
+    # so), and a resume record per attempt that trained after the first gang.
     resumed = [r for r in records(volume) if r["event"] == "resume"]
-    assert len(resumed) == 5, resumed
+    assert len(resumed) == sum(to > 0 for _, to in sizes) - 1, (resumed, sizes)
     jobs.delete(NAME)

@@ -151,3 +151,28 @@ def test_the_order_body_reaches_the_agent_port(tmp_path: Path, monkeypatch: pyte
         assert port.server is not None
         port.server.shutdown()
         port.server.server_close()
+
+
+@pytest.mark.timeout(60)
+def test_a_member_that_waits_for_a_lost_peer_takes_the_next_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempt 5's gang is nodes 0 and 2, but node 2 was lost before it came: node 0 does not sit
+    in torch's rendezvous for it. It waits in the store, hears attempt 6 (its gang alone: nodes 0
+    and 1), and meets that one's members once they are there."""
+    one = _agent(tmp_path, monkeypatch, 0, 5, [0, 2])
+    store = Store()
+    rendezvous = _rendezvous(0)
+    rendezvous._store = store  # connected (torch_private.RENDEZVOUS_STORE)
+    joined = threading.Thread(target=one.join, args=(rendezvous,))
+    joined.start()
+    time.sleep(0.3)
+    assert joined.is_alive(), "node 2 never came: still waiting, in Python"
+    (tmp_path / "node-0" / "members").write_text(format_members(6, [0, 1]))
+    (tmp_path / "node-0" / "attempt").write_text("6")
+    time.sleep(0.3)
+    assert joined.is_alive(), "attempt 6 needs node 1 too"
+    store.set("kubetrain/gang/join/job/6/1", "1")  # node 1's agent came
+    joined.join(timeout=30)
+    assert not joined.is_alive()
+    assert (one.attempt, rendezvous.rank, rendezvous.world_size, rendezvous.run_id) == (6, 0, 2, "job-attempt-6")
