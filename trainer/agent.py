@@ -78,6 +78,7 @@ HOLD_REPORT_S = 10.0  # how often a holding agent says it still waits
 # out only where an agent is gone (its pod is failing anyway) or a loaded node lags by seconds.
 CONSOLIDATE_S = 5.0
 STORE_PREFIX = survivor.STORE_PREFIX
+GATHER_CONNECT_S = 300  # how long a new member of an elastic gang tries to reach node 0's store
 MESSAGE_BYTES = 2048
 MAX_ORDER_BYTES = 1024
 STOP_TIMEOUT_S = 10  # for a killed worker to be reaped (one in uninterruptible sleep may never be)
@@ -302,6 +303,7 @@ class InPlace:
         self.known: dict[int, list[int]] = {}
         self.node: int | None = None  # this pod's node rank, whatever its rank in a gang (from its first rendezvous)
         self.run_id: str | None = None  # the rendezvous's own, before any attempt's
+        self.store: Any = None  # node 0's store, for an elastic gang's gathering (`_gang_store`)
         self.preloaded = False
         self.oom_kills = 0
         self.exits = ExitTimes()
@@ -422,7 +424,7 @@ class InPlace:
             return
         while True:
             members = self._await_membership()
-            store = torch_private.rendezvous_store(rendezvous)
+            store = torch_private.rendezvous_store(rendezvous) or self._gang_store(rendezvous)
             if store is None or self._gathered(store, members):
                 break
         assert self.node is not None
@@ -448,6 +450,29 @@ class InPlace:
                 self.port.ready = False
             else:
                 time.sleep(POLL_S)
+
+    def _gang_store(self, rendezvous: Any) -> Any:
+        """A client of node 0's store for the gathering, before torch's rendezvous connected one;
+        on node 0 its server, which torch's rendezvous then shares (a multi-tenant TCPStore, as
+        torch's static rendezvous makes it)."""
+        if self.store is not None:
+            return self.store
+        try:
+            from datetime import timedelta
+
+            from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+            self.store = TCPStore(
+                str(rendezvous.master_addr),
+                int(rendezvous.master_port),
+                is_master=self.node == 0,
+                timeout=timedelta(seconds=GATHER_CONNECT_S),
+                wait_for_workers=False,
+                multi_tenant=True,
+            )
+        except (*STORE_ERRORS, ImportError, AttributeError) as error:
+            log.warning("could not reach node 0's store to gather the gang: %s", error)
+        return self.store
 
     def _gathered(self, store: Any, members: list[int]) -> bool:
         """Whether every member of the attempt came to its rendezvous (True), or a later attempt was
