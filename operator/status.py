@@ -527,6 +527,11 @@ def _grow(run: _Pass, service_exists: bool) -> Decision | None:
     return _converge(run, service_exists)
 
 
+def _node0_placed(run: _Pass) -> bool:
+    node0 = next((p for p in [*run.current, *run.standby] if p.rank == 0), None)
+    return node0 is not None and (node0.scheduled or node0.phase != "Pending")
+
+
 def _below_minimum(run: _Pass, below: bool, message: str) -> None:
     if below:
         if run.condition(elastic.CONDITION, True, "WaitingForNodes", message):
@@ -716,6 +721,10 @@ def _converge(run: _Pass, service_exists: bool) -> Decision:
     present = by_rank.keys() | {p.rank for p in run.standby if p not in failed_standby}
     missing = [r for r in range(run.job.spec.nodes) if r not in present]
     decision.create_ranks = [r for r in missing if naming.pod_name(run.job.name, r) not in run.occupied]
+    if run.job.spec.elastic is not None and not _node0_placed(run):
+        # Node 0's pod hosts the gang's store and is in every gang: it takes the first capacity
+        # there is, the others are created once it has a node.
+        decision.create_ranks = [r for r in decision.create_ranks if r == 0]
     decision.create_service = not service_exists
     if decision.delete_pods:
         decision.commit_first = True

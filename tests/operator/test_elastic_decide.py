@@ -30,7 +30,7 @@ def formed(ready: tuple[int, ...] = (0, 1, 2), **elastic: Any) -> tuple[Training
     others Pending, waiting for a node; then the pass that forms the gang, and its first step."""
     job = elastic_job(**elastic)
     first = step(job, [], service=False)
-    assert first.create_ranks == [0, 1, 2] and first.status.members == [] and first.status.size == 0
+    assert first.create_ranks == [0] and first.status.members == [] and first.status.size == 0
     job = advance(job, first)
     pods = [
         pod_view(job, r, phase="Running", node=f"n{r}", ready=True) if r in ready else pod_view(job, r)
@@ -44,6 +44,16 @@ def formed(ready: tuple[int, ...] = (0, 1, 2), **elastic: Any) -> tuple[Training
     status.timeline.rendezvous_at = T0 + timedelta(seconds=7)
     status.timeline.first_step_at = T0 + timedelta(seconds=8)
     return job, moved
+
+
+def test_node_0s_pod_takes_the_first_capacity() -> None:
+    job = elastic_job()
+    first = step(job, [], service=False)
+    job = advance(job, first)
+    d = step(job, [pod_view(job, 0)], T0 + timedelta(seconds=1))
+    assert d.create_ranks == [], "node 0's pod waits for a node: the others are not created yet"
+    d = step(job, [pod_view(job, 0, node="n0")], T0 + timedelta(seconds=2))
+    assert d.create_ranks == [1, 2]
 
 
 def test_an_elastic_job_trains_with_no_one_until_its_pods_are_on_standby() -> None:
