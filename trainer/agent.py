@@ -343,6 +343,10 @@ class InPlace:
             if self.membership(newer) != self.membership(self.attempt):
                 self._resize_stop(agent, group)
             else:
+                if self._peer_failed(group.store):
+                    # The operator decided on another node's report before this agent looked: a
+                    # survivor here may be saving the last step (seen in CI under load).
+                    self._await_survivors(group)
                 stop(agent, group)
             return self._start(agent, group, newer, result)
         own = result.state in (states.FAILED, states.UNHEALTHY)
@@ -475,24 +479,48 @@ class InPlace:
         return self.store
 
     def _gathered(self, store: Any, members: list[int]) -> bool:
-        """Whether every member of the attempt came to its rendezvous (True), or a later attempt was
-        ordered first (False: self.attempt is that one now). torch's rendezvous blocks, deaf to
-        orders, until every member comes: a member lost meanwhile would hold the others there until
-        torch's timeout (minutes). This waits in Python instead, listening for the next order."""
-        keys = [f"{STORE_PREFIX}/join/{self.run_id}/{self.attempt}/{node}" for node in members]
+        """Whether every member of the attempt came to its rendezvous (True), or the attempt was
+        abandoned for a later one (False: self.attempt is that one now). torch's rendezvous blocks,
+        deaf to orders, until every member comes: a member lost meanwhile would hold the others
+        there until torch's timeout (minutes). So each member registers in node 0's store and node
+        0 decides, once: `go` when all are there, or `abandoned` when a later attempt is ordered
+        first. The others wait for that decision in Python, and follow it."""
         assert self.node is not None
+        prefix = f"{STORE_PREFIX}/join/{self.run_id}/{self.attempt}"
+        keys = [f"{prefix}/{node}" for node in members]
+        go, abandoned = f"{prefix}/go", f"{prefix}/abandoned"
         try:
             store.set(keys[members.index(self.node)], "1")
-            while not store.check(keys):
-                newer = self._ordered(None)
-                if newer is not None:
-                    log.warning("attempt %d ordered before attempt %d's gang met", newer, self.attempt)
-                    self.attempt = newer
-                    return False
+            while True:
+                if self.node == members[0]:
+                    if store.check(keys):
+                        store.set(go, "1")
+                        return True
+                    newer = self._ordered(None)
+                    if newer is not None:
+                        store.set(abandoned, "1")
+                        return self._abandon(newer)
+                elif store.check([go]):
+                    return True
+                elif store.check([abandoned]):
+                    return self._abandon(self._await_order())
                 time.sleep(POLL_S)
         except STORE_ERRORS as error:  # node 0's store gone: torch's rendezvous says it better
             log.warning("could not gather attempt %d's members in the store: %s", self.attempt, error)
         return True
+
+    def _abandon(self, newer: int) -> bool:
+        log.warning("attempt %d ordered before attempt %d's gang met: that one is abandoned", newer, self.attempt)
+        self.attempt = newer
+        return False
+
+    def _await_order(self) -> int:
+        """The next attempt the operator orders (node 0 abandoned this one for it)."""
+        while True:
+            newer = self._ordered(None)
+            if newer is not None:
+                return newer
+            time.sleep(POLL_S)
 
     def _key(self, *parts: object) -> str:
         return "/".join([STORE_PREFIX, str(self.attempt), *map(str, parts)])

@@ -154,25 +154,34 @@ def test_the_order_body_reaches_the_agent_port(tmp_path: Path, monkeypatch: pyte
 
 
 @pytest.mark.timeout(60)
-def test_a_member_that_waits_for_a_lost_peer_takes_the_next_order(
+def test_node_0_abandons_an_attempt_whose_member_was_lost_and_the_others_follow(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Attempt 5's gang is nodes 0 and 2, but node 2 was lost before it came: node 0 does not sit
-    in torch's rendezvous for it. It waits in the store, hears attempt 6 (its gang alone: nodes 0
-    and 1), and meets that one's members once they are there."""
-    one = _agent(tmp_path, monkeypatch, 0, 5, [0, 2])
+    """Attempt 5's gang is nodes 0, 1 and 2, but node 2 was lost before it came: nodes 0 and 1 do
+    not sit in torch's rendezvous for it. They wait in node 0's store; node 0 hears attempt 6
+    (nodes 0 and 1) and abandons 5; node 1 follows, even though its own order came later; both
+    meet attempt 6's gang."""
     store = Store()
-    rendezvous = _rendezvous(0)
-    rendezvous._store = store  # connected (torch_private.RENDEZVOUS_STORE)
-    joined = threading.Thread(target=one.join, args=(rendezvous,))
-    joined.start()
+    agents = [_agent(tmp_path, monkeypatch, node, 5, [0, 1, 2]) for node in (0, 1)]
+    rendezvous = [_rendezvous(0), _rendezvous(1)]
+    for one in rendezvous:
+        one._store = store  # connected (torch_private.RENDEZVOUS_STORE)
+    threads = [threading.Thread(target=a.join, args=(r,)) for a, r in zip(agents, rendezvous, strict=True)]
+    for thread in threads:
+        thread.start()
     time.sleep(0.3)
-    assert joined.is_alive(), "node 2 never came: still waiting, in Python"
+    assert all(thread.is_alive() for thread in threads), "node 2 never came: both wait, in Python"
     (tmp_path / "node-0" / "members").write_text(format_members(6, [0, 1]))
     (tmp_path / "node-0" / "attempt").write_text("6")
     time.sleep(0.3)
-    assert joined.is_alive(), "attempt 6 needs node 1 too"
-    store.set("kubetrain/gang/join/job/6/1", "1")  # node 1's agent came
-    joined.join(timeout=30)
-    assert not joined.is_alive()
-    assert (one.attempt, rendezvous.rank, rendezvous.world_size, rendezvous.run_id) == (6, 0, 2, "job-attempt-6")
+    assert all(thread.is_alive() for thread in threads), "node 1 has no order for attempt 6 yet"
+    assert store.check(["kubetrain/gang/join/job/5/abandoned"])
+    (tmp_path / "node-1" / "members").write_text(format_members(6, [0, 1]))
+    (tmp_path / "node-1" / "attempt").write_text("6")
+    for thread in threads:
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+    assert [(a.attempt, r.rank, r.world_size, r.run_id) for a, r in zip(agents, rendezvous, strict=True)] == [
+        (6, 0, 2, "job-attempt-6"),
+        (6, 1, 2, "job-attempt-6"),
+    ]
