@@ -471,7 +471,7 @@ class Controller:
         attempt = decision.status.attempt
         if state.expectations.moved.get(uid) == attempt:
             return False
-        if await self.kube.move_pod(namespace, pod, uid, attempt, _members(decision)):
+        if await self.kube.move_pod(namespace, pod, uid, attempt, decision.status.members):
             state.expectations.moved[uid] = attempt
             return True
         return False
@@ -483,7 +483,7 @@ class Controller:
             return
         token = agent_io.job_token(self.agent_key, key[0], state.body["metadata"]["uid"])
         ips = {p.name: p.ip for p in self.pods.get(key, ())}
-        attempt, members = decision.status.attempt, _members(decision)
+        attempt, members = decision.status.attempt, decision.status.members
         targets = [(pod, ips.get(pod)) for pod in moved]
         outcomes = await agent_io.order(targets, agent_port(job), token, attempt, members)
         for pod, outcome in outcomes.items():
@@ -574,8 +574,3 @@ class Controller:
                     metrics.TIME_TO_CREATED.observe((datetime.now(UTC) - created).total_seconds())
             elif event.reason == ended:
                 metrics.FINISHED.labels(event.reason).inc()
-
-
-def _members(decision: Decision) -> list[int] | None:
-    """An elastic gang's members of the decided attempt (None for a gang of a fixed size)."""
-    return decision.status.members

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.stores import Store
 
 from kubetrain.api.contract import order_signature
 from kubetrain.trainer import agent, survivor, warmstart
@@ -238,27 +239,6 @@ def test_the_attempt_file(tmp_path: Path) -> None:
 )
 def test_a_failure_message_as_torch_holds_it(message: Any, text: str) -> None:
     assert error_text(message) == text
-
-
-class Store:
-    """The parts of a c10d store the agent uses, in memory."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-
-    def set(self, key: str, value: str) -> None:
-        self.data[key] = value.encode()
-
-    def get(self, key: str) -> bytes:
-        return self.data[key]
-
-    def add(self, key: str, amount: int) -> int:
-        value = int(self.data.get(key, b"0")) + amount
-        self.data[key] = str(value).encode()
-        return value
-
-    def check(self, keys: list[str]) -> bool:
-        return all(key in self.data for key in keys)
 
 
 class Group:

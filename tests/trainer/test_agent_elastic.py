@@ -12,26 +12,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from support.stores import Store
 
 from kubetrain.api.contract import format_members, order_signature, parse_members
 from kubetrain.trainer import agent
 from kubetrain.trainer.agent import InPlace
 
 pytestmark = pytest.mark.unit
-
-
-class Store:
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-
-    def set(self, key: str, value: str) -> None:
-        self.data[key] = value.encode()
-
-    def get(self, key: str) -> bytes:
-        return self.data[key]
-
-    def check(self, keys: list[str]) -> bool:
-        return all(key in self.data for key in keys)
 
 
 def _agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node: int, attempt: int, members: list[int]) -> InPlace:
