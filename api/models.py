@@ -444,10 +444,12 @@ class SchedulingSpec(StrictModel):
     gang: GangMode = Field(
         "auto",
         description=(
-            "`native`: one scheduling.k8s.io/v1alpha2 PodGroup per attempt (gang policy, minCount = nodes) "
-            "so kube-scheduler binds all pods or none; the job fails if that API is not served. `coscheduling`: "
-            "the same with the scheduling.x-k8s.io/v1alpha1 PodGroup (minMember = nodes) of scheduler-plugins' "
-            "Coscheduling plugin. `none`: pods are scheduled one by one. `auto` (default): native when its API "
+            "`native`: one scheduling.k8s.io PodGroup per attempt (v1beta1 where served, else v1alpha2; gang "
+            "policy, minCount = nodes) so kube-scheduler binds all pods or none; the job fails if neither is "
+            "served. An elastic job gets one PodGroup for its life with minCount = elastic.minNodes: its first "
+            "minNodes pods are placed together, the others one by one. `coscheduling`: the same with the "
+            "scheduling.x-k8s.io/v1alpha1 PodGroup (minMember = nodes) of scheduler-plugins' Coscheduling plugin "
+            "(not for elastic jobs). `none`: pods are scheduled one by one. `auto` (default): native when its API "
             "is served and schedulerName is unset or default-scheduler, else none."
         ),
     )
@@ -503,10 +505,10 @@ def _elastic_problem(spec: TrainingJobSpec) -> str | None:
         return None
     if elastic.min_nodes > spec.nodes:
         return f"elastic.minNodes: {elastic.min_nodes} is more than nodes ({spec.nodes}), the most the gang grows to"
-    if spec.scheduling.gang in ("native", "coscheduling"):
+    if spec.scheduling.gang == "coscheduling":
         return (
-            f"elastic: the gang forms from the pods that run, one by one: scheduling.gang {spec.scheduling.gang} "
-            "would hold them all until every one fits (use auto or none)"
+            "elastic: scheduling.gang coscheduling would hold every pod until all fit (scheduler-plugins' "
+            "minMember is fixed): use auto, native (a PodGroup whose minCount is minNodes) or none"
         )
     if spec.run_policy.restart_strategy != "InPlace":
         return "elastic: a resize restarts the gang in place: runPolicy.restartStrategy must be InPlace"
@@ -532,8 +534,9 @@ ELASTIC_RULES: list[JsonDict] = [
     },
     {
         "rule": "!has(self.elastic) || !has(self.scheduling) || !has(self.scheduling.gang) || "
-        "self.scheduling.gang in ['auto', 'none']",
-        "message": "elastic: the gang forms from the pods that run, one by one: scheduling.gang must be auto or none",
+        "self.scheduling.gang != 'coscheduling'",
+        "message": "elastic: scheduling.gang coscheduling would hold every pod until all fit: use auto, native "
+        "(a PodGroup whose minCount is minNodes) or none",
         "fieldPath": ".scheduling.gang",
     },
     {

@@ -148,6 +148,8 @@ class JobState:
     # Whether the in-place job's agent token Secret (operator/agent_io.py) was created (or found);
     # None: not tried by this process (the pods may predate it), False: refused.
     agent_secret: bool | None = None
+    # An elastic job's PodGroup minCount as this process last wrote it (or saw it need no write).
+    group_min: int | None = None
 
 
 def _count_phase(state: JobState, phase: str | None) -> None:
@@ -327,7 +329,7 @@ class Controller:
         policy = replace(self.policy, group_apis=await self.discovery.served())
         try:
             admission = await kueue_io.admission(self.kube, self.settings.render, key[0], uid, job, pods, now)
-            decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold)
+            decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold, admitted=admission.count)
             # decide may run twice more in this pass, each time on more of the pods' logs. Those
             # reads serve only a first decision that ends the attempt, and which one is due depends
             # on what it decided; reading them before every decision would read every rank's log
@@ -337,11 +339,23 @@ class Controller:
                 # it a crash after the job finished, not a restart (progress.py).
                 if text := await self.logs.rank0(key[0], state.reads, pods):
                     job = job.model_copy(update={"status": progress.fold(job.status or TrainingJobStatus(), text)})
-                    decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold)
+                    decision = decide(
+                        job, uid, pods, service_exists, precise, policy, admission.hold, admitted=admission.count
+                    )
                 # A stall: every rank's stacks name the one that hung (operator/forensics.py).
                 if forensics.wanted(job.status, decision.status):
                     stacks = await self.logs.stacks(key[0], job, pods)
-                    decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold, stacks)
+                    decision = decide(
+                        job,
+                        uid,
+                        pods,
+                        service_exists,
+                        precise,
+                        policy,
+                        admission.hold,
+                        stacks,
+                        admitted=admission.count,
+                    )
             else:
                 interval = self.settings.progress_interval_seconds
                 await self.logs.progress(key[0], state.reads, job, decision, pods, interval)
@@ -420,6 +434,7 @@ class Controller:
             # The order first: reading the logs waits on the kubelet, the agents should not.
             await self._order(state, job, key, ended, decision)
             await archive_io.archive_in_place(self.kube, job, namespace, job_uid, ended, previous.attempt)
+        await self._follow_min_count(namespace, state, job, decision)
         created, refused = await self._create(key, state, job, decision, flavors)
         now = datetime.now(UTC).replace(microsecond=0)
         status, events = refusal.settle(previous, decision, committed, refused, created, now)
@@ -527,13 +542,12 @@ class Controller:
         if pods and in_place(job) and state.agent_secret is None:  # before the pods, which read it
             token = agent_io.job_token(self.agent_key, namespace, uid)
             state.agent_secret = await agent_io.ensure_secret(self.kube, job, namespace, uid, token)
-        recorded = get_condition(decision.status, podgroup.CONDITION)
-        mode = "none" if recorded is None else podgroup.attempt_mode(recorded.status, recorded.reason)
-        if pods and mode != "none":
-            blocked = await podgroup_io.create(self.kube, job, namespace, uid, attempt, mode)
+        mode, api = await self._group_api(decision)
+        if pods and api is not None:
+            blocked = await podgroup_io.create(self.kube, job, namespace, uid, attempt, api)
             if blocked is not None:  # without its PodGroup no pod of the gang could be placed
                 return False, blocked
-            pods = [podgroup.join(pod, podgroup.podgroup_name(job.name, attempt), mode) for pod in pods]
+            pods = [podgroup.join(pod, podgroup.podgroup_name(job, attempt), mode) for pod in pods]
         objects = [render_service(job, namespace, uid)] if decision.create_service else []
         objects += pods
         async with self.creating if objects else contextlib.nullcontext():
@@ -553,6 +567,28 @@ class Controller:
             raise errors[0]
         refusals.sort(key=lambda r: r.transient)
         return len(refusals) < len(objects), (refusals[0] if refusals else None)
+
+    async def _group_api(self, decision: Decision) -> tuple[podgroup.Mode, podgroup.GroupApi | None]:
+        """The attempt's gang mode (its GangScheduling condition) and the PodGroup API version that
+        serves it now (discovery may have moved from v1alpha2 to v1beta1 with an upgrade: the
+        object is the same, the pods name it by name)."""
+        recorded = get_condition(decision.status, podgroup.CONDITION)
+        mode = "none" if recorded is None else podgroup.attempt_mode(recorded.status, recorded.reason)
+        if mode == "none":
+            return mode, None
+        # An API gone since the attempt chose it: its first version, which the API server refuses.
+        api = podgroup.served_api(mode, await self.discovery.served()) or podgroup.APIS[mode][0]
+        return mode, api
+
+    async def _follow_min_count(self, namespace: str, state: JobState, job: TrainingJob, decision: Decision) -> None:
+        """An elastic job's PodGroup given its minCount once more after spec.elastic.minNodes
+        changed (and once after the operator starts), where the version lets it change."""
+        if job.spec.elastic is None or state.group_min == podgroup.min_count(job):
+            return
+        _, api = await self._group_api(decision)
+        if api is not None and api.api_version in podgroup.MUTABLE_MIN_COUNT:
+            await podgroup_io.follow_min_count(self.kube, job, namespace, api)
+        state.group_min = podgroup.min_count(job)
 
     async def _announce(self, key: Key, body: dict[str, Any], status: TrainingJobStatus, events: list[Event]) -> None:
         """Post the events, log them, count them in the metrics."""

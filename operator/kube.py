@@ -333,6 +333,26 @@ class Kube:
             if exc.status != 404:
                 raise
 
+    async def merge_patch(
+        self, api_version: str, namespace: str, plural: str, name: str, patch: dict[str, Any]
+    ) -> None:
+        """A JSON merge patch of a namespaced object (a PodGroup's minCount); one that does not
+        exist (404) is fine. Raises `Refused` on 403/422 (the field is immutable there)."""
+        try:
+            await self._request(
+                "PATCH",
+                f"{_namespaced(api_version, namespace, plural)}/{name}",
+                patch,
+                content_type="application/merge-patch+json",
+                accept=METADATA_ONLY,
+                counted=("patch", plural),
+            )
+        except ApiError as exc:
+            if exc.status in (403, 422):
+                raise Refused(exc.status, exc.message) from exc
+            if exc.status != 404:
+                raise
+
     async def serves(self, api_version: str, plural: str) -> bool:
         """Discovery: whether the API server serves `plural` in `api_version` (group/version)."""
         try:

@@ -14,6 +14,10 @@ a TrainingJob's Workload has a controller outside Kueue:
     again; once none is left, the quota is handed back as jobframework does
     (`acknowledge_eviction`), and Kueue admits it again later: the new attempt resumes from
     the checkpoint. The lost attempt counts as a disruption, not against maxRestarts.
+  * An elastic job's pod set carries minCount = spec.elastic.minNodes: Kueue's partial admission
+    (beta, on by default) may admit fewer nodes than `nodes`, down to that minimum, when the
+    quota has no room for all. The operator then creates no pod beyond the admitted count
+    (`Admission.count`): the gang trains, shrinks and grows back within what Kueue admitted.
   * Finished job: the Workload gets condition Finished (`finish`), which releases its quota.
   * runPolicy.suspend deactivates the Workload (`respec`): Kueue evicts it, and the quota is
     handed back as after a preemption; unsuspended, it queues again.
@@ -78,6 +82,8 @@ def render_workload(
         "queueName": queue,
         "podSets": [{"name": POD_SET, "count": job.spec.nodes, "template": template}],
     }
+    if job.spec.elastic is not None:
+        workload_spec["podSets"][0]["minCount"] = job.spec.elastic.min_nodes
     name = priority_class(job)
     if name is not None:
         workload_spec["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass", "name": name}
@@ -130,6 +136,9 @@ class Admission:
     acknowledge: bool = False
     # The Workload could not be created: look again later.
     retry: bool = False
+    # How many nodes the admission counted (podSetAssignments[].count): fewer than `nodes` only
+    # for an elastic job that Kueue admitted partially. None: not admitted, or not said.
+    count: int | None = None
 
 
 def admission(job: TrainingJob, workload: dict[str, Any], pods_left: bool) -> Admission:
@@ -145,7 +154,8 @@ def admission(job: TrainingJob, workload: dict[str, Any], pods_left: bool) -> Ad
     if _true(workload, "Admitted"):
         assignments = ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
         flavors = sorted({f for a in assignments for f in (a.get("flavors") or {}).values()})
-        return Admission(None, tuple(flavors))
+        counts = [a["count"] for a in assignments if a.get("name") == POD_SET and isinstance(a.get("count"), int)]
+        return Admission(None, tuple(flavors), count=counts[0] if counts else None)
     reserved = _condition(workload, "QuotaReserved")
     detail = f": {reserved['message']}" if reserved and reserved.get("message") else ""
     message = f"waiting for Kueue to admit Workload {name} in LocalQueue {queue}{detail}"

@@ -1,12 +1,23 @@
 """Gang scheduling: which mode a job gets, and the PodGroup objects that mode needs. Pure.
 
-`native`: Kubernetes' own PodGroup (scheduling.k8s.io/v1alpha2, kube-scheduler's GangScheduling
-plugin). Every attempt gets one PodGroup with the gang policy (minCount = nodes) and every pod
-of the attempt names it in `spec.schedulingGroup.podGroupName`; kube-scheduler then binds all
-of the attempt's pods or none, so two jobs competing for the same nodes never both sit
-half-placed holding accelerators. The API is alpha in Kubernetes 1.36: the API server serves
-it with `--runtime-config=scheduling.k8s.io/v1alpha2=true` and the GenericWorkload feature
-gate, and kube-scheduler enforces it with GenericWorkload and GangScheduling.
+`native`: Kubernetes' own PodGroup (kube-scheduler's GangScheduling plugin), in the version the
+cluster serves: scheduling.k8s.io/v1beta1 (Kubernetes 1.37, where the gang's minCount is mutable)
+before v1alpha2 (1.36, where the whole spec is immutable). Every attempt gets one PodGroup with the
+gang policy (minCount = nodes) and every pod of the attempt names it in
+`spec.schedulingGroup.podGroupName`; kube-scheduler then binds all of the attempt's pods or none,
+so two jobs competing for the same nodes never both sit half-placed holding accelerators. Neither
+version is on by default: the API server serves it with `--runtime-config=<version>=true` and the
+GenericWorkload feature gate, and kube-scheduler enforces it with GenericWorkload and
+GangScheduling.
+
+An elastic job (spec.elastic) gets one PodGroup for its whole life instead, with minCount =
+minNodes: kube-scheduler places its first minNodes pods together or none of them, and every pod
+after those (a grown gang's, a lost pod's replacement) one by one, as the group has its quorum
+already. The operator creates those first minNodes pods, node 0 among them, before the others
+(status.py), so the quorum always holds node 0, whose agent hosts the gang's store. Its
+disruption mode is the default (one pod at a time): losing one pod only shrinks an elastic gang.
+On v1beta1 the operator keeps minCount equal to spec.elastic.minNodes when a user changes it; on
+v1alpha2 the group keeps the minCount it was created with.
 
 `coscheduling`: the PodGroup of kubernetes-sigs/scheduler-plugins (scheduling.x-k8s.io/v1alpha1,
 minMember = nodes), which pods join by the label `scheduling.x-k8s.io/pod-group`, for clusters
@@ -39,9 +50,19 @@ class GroupApi:
         return f"{self.group}/{self.version}"
 
 
-NATIVE = GroupApi("scheduling.k8s.io", "v1alpha2", "PodGroup")
+NATIVE_BETA = GroupApi("scheduling.k8s.io", "v1beta1", "PodGroup")
+NATIVE_ALPHA = GroupApi("scheduling.k8s.io", "v1alpha2", "PodGroup")
+# Kubernetes' versions of its PodGroup, the preferred first (discovery picks the first served).
+NATIVE_VERSIONS = (NATIVE_BETA, NATIVE_ALPHA)
 COSCHEDULING = GroupApi("scheduling.x-k8s.io", "v1alpha1", "Coscheduling")
-APIS: dict[Mode, GroupApi] = {"native": NATIVE, "coscheduling": COSCHEDULING}
+APIS: dict[Mode, tuple[GroupApi, ...]] = {"native": NATIVE_VERSIONS, "coscheduling": (COSCHEDULING,)}
+# Every PodGroup API discovery asks about.
+ALL_APIS = (*NATIVE_VERSIONS, COSCHEDULING)
+# The versions whose spec.schedulingPolicy.gang.minCount may change after creation (1.37's
+# "mutable to support workload scaling"); in v1alpha2 the whole schedulingPolicy is immutable.
+MUTABLE_MIN_COUNT = frozenset({NATIVE_BETA.api_version})
+# How each version says "disrupt the group as one": v1alpha2's enum, v1beta1's one-of union.
+DISRUPT_TOGETHER: dict[str, Any] = {NATIVE_ALPHA.api_version: "PodGroup", NATIVE_BETA.api_version: {"all": {}}}
 FEATURE_GATES = ("GenericWorkload", "GangScheduling")
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -51,9 +72,10 @@ DEFAULT_SCHEDULER = "default-scheduler"
 CONDITION = "GangScheduling"
 NOT_SERVED = {
     "native": (
-        f"{NATIVE.api_version} PodGroup is not served by this cluster (it needs the API server's "
-        f"--runtime-config={NATIVE.api_version}=true and the feature gates {'=true,'.join(FEATURE_GATES)}=true "
-        "on the API server, kube-controller-manager and kube-scheduler)"
+        f"neither {NATIVE_BETA.api_version} nor {NATIVE_ALPHA.api_version} PodGroup is served by this cluster "
+        f"(it needs the API server's --runtime-config={NATIVE_BETA.api_version}=true, or "
+        f"{NATIVE_ALPHA.api_version}=true before Kubernetes 1.37, and the feature gates "
+        f"{'=true,'.join(FEATURE_GATES)}=true on the API server, kube-controller-manager and kube-scheduler)"
     ),
     "coscheduling": (
         f"{COSCHEDULING.api_version} PodGroup is not served by this cluster (install the scheduler-plugins "
@@ -71,20 +93,21 @@ class Choice:
     message: str
 
 
+def served_api(mode: Mode, served: frozenset[str]) -> GroupApi | None:
+    """The API version a mode's PodGroup is written in: the first of its versions served."""
+    if mode == "none":
+        return None
+    return next((api for api in APIS[mode] if api.api_version in served), None)
+
+
 def choose(spec: TrainingJobSpec, served: frozenset[str]) -> Choice:
     """spec.scheduling.gang resolved against discovery (`served`: the PodGroup API versions served)."""
     asked = spec.scheduling.gang
     if asked == "none":
         return Choice("none", "Disabled", "spec.scheduling.gang is none: pods are scheduled one by one")
-    if spec.elastic is not None:
-        # A PodGroup's minCount is fixed per attempt here, and an elastic gang forms from the pods
-        # that run (operator/elastic.py): its pods are placed one by one, gang or not.
-        return Choice(
-            "none", "Elastic", "spec.elastic: pods are scheduled one by one; the gang forms from those that run"
-        )
     mode: Mode = "native" if asked == "auto" else asked
-    api = APIS[mode]
-    if api.api_version not in served:
+    api = served_api(mode, served)
+    if api is None:
         if asked != "auto":
             return Choice(None, "GangSchedulingUnavailable", f"spec.scheduling.gang is {asked}, but {NOT_SERVED[mode]}")
         return Choice("none", "NotServed", f"gang auto: pods are scheduled one by one, as {NOT_SERVED[mode]}")
@@ -92,6 +115,18 @@ def choose(spec: TrainingJobSpec, served: frozenset[str]) -> Choice:
         # Another scheduler ignores kube-scheduler's PodGroup; it brings its own gang support.
         message = f"gang auto: schedulerName {spec.scheduler_name} places the pods, so no {api.api_version} PodGroup"
         return Choice("none", "OtherScheduler", message)
+    if spec.elastic is not None:  # the API's rules allow an elastic job only auto or none
+        low = spec.elastic.min_nodes
+        follows = (
+            "it follows spec.elastic.minNodes"
+            if api.api_version in MUTABLE_MIN_COUNT
+            else "fixed while the group lives: this version's PodGroup is immutable"
+        )
+        message = (
+            f"gang {asked}: one {api.api_version} PodGroup for the job (minCount {low}, {follows}): "
+            f"its first {low} pods are placed together, the others one by one as capacity comes"
+        )
+        return Choice(mode, api.reason, message)
     size = "minCount" if mode == "native" else "minMember"
     return Choice(mode, api.reason, f"gang {asked}: a {api.api_version} PodGroup per attempt ({size} {spec.nodes})")
 
@@ -101,37 +136,46 @@ def attempt_mode(condition_status: str, reason: str) -> Mode:
     if condition_status != "True":
         return "none"
     # A reason this operator does not know (a newer one wrote it) names no PodGroup it can make.
-    return next((mode for mode, api in APIS.items() if api.reason == reason), "none")
+    return next((mode for mode, apis in APIS.items() if apis[0].reason == reason), "none")
 
 
-def podgroup_name(job: str, attempt: int) -> str:
-    # The attempt has no dash, so names of different jobs never collide.
-    return f"{job}-{attempt}"
+ELASTIC_SUFFIX = "elastic"
 
 
-def render_podgroup(job: TrainingJob, namespace: str, uid: str, attempt: int, mode: Mode) -> dict[str, Any]:
-    """The attempt's PodGroup for `mode` (native or coscheduling), owned by the job."""
-    if mode == "native":
-        spec: dict[str, Any] = {
-            "schedulingPolicy": {"gang": {"minCount": job.spec.nodes}},
+def podgroup_name(job: TrainingJob, attempt: int) -> str:
+    """The attempt's PodGroup; an elastic job's one for its whole life. An attempt has no dash and
+    is a number, so names of different jobs never collide."""
+    return f"{job.name}-{ELASTIC_SUFFIX if job.spec.elastic is not None else attempt}"
+
+
+def min_count(job: TrainingJob) -> int:
+    """How many of the group's pods kube-scheduler places together."""
+    return job.spec.elastic.min_nodes if job.spec.elastic is not None else job.spec.nodes
+
+
+def render_podgroup(job: TrainingJob, namespace: str, uid: str, attempt: int, api: GroupApi) -> dict[str, Any]:
+    """The attempt's PodGroup in `api` (a native version or coscheduling's), owned by the job."""
+    if api in NATIVE_VERSIONS:
+        spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": min_count(job)}}}
+        if job.spec.elastic is None:
             # Preempting one rank stops the whole gang anyway (a gang restart): let the
             # scheduler count the group as one victim. The API server drops the field (it
-            # stores the default, Pod) unless the WorkloadAwarePreemption gate is on.
-            "disruptionMode": "PodGroup",
-        }
+            # stores the default, one pod) unless the WorkloadAwarePreemption gate is on.
+            spec["disruptionMode"] = DISRUPT_TOGETHER[api.api_version]
     else:
-        spec = {"minMember": job.spec.nodes}
+        spec = {"minMember": min_count(job)}
     labels = {
         naming.LABEL_JOB: job.name,
         naming.LABEL_JOB_UID: uid,
-        naming.LABEL_ATTEMPT: str(attempt),
         naming.LABEL_MANAGED_BY: MANAGED_BY,
     }
+    if job.spec.elastic is None:  # an elastic job's group outlives its attempts
+        labels[naming.LABEL_ATTEMPT] = str(attempt)
     return {
-        "apiVersion": APIS[mode].api_version,
+        "apiVersion": api.api_version,
         "kind": "PodGroup",
         "metadata": {
-            "name": podgroup_name(job.name, attempt),
+            "name": podgroup_name(job, attempt),
             "namespace": namespace,
             "labels": labels,
             "ownerReferences": [owner_reference(job, uid)],
@@ -143,6 +187,11 @@ def render_podgroup(job: TrainingJob, namespace: str, uid: str, attempt: int, mo
 def stale_selector(uid: str, attempt: int) -> str:
     """Label selector of the job's PodGroups of other attempts (a deletecollection removes them)."""
     return f"{naming.LABEL_JOB_UID}={uid},{naming.LABEL_ATTEMPT}!={attempt}"
+
+
+def min_count_patch(job: TrainingJob) -> dict[str, Any]:
+    """The merge patch that sets a native PodGroup's minCount to the job's (v1beta1 takes it)."""
+    return {"spec": {"schedulingPolicy": {"gang": {"minCount": min_count(job)}}}}
 
 
 def join(pod: dict[str, Any], podgroup: str, mode: Mode) -> dict[str, Any]:

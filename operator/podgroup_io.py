@@ -1,6 +1,7 @@
 """The PodGroup side of a reconcile, the I/O: which PodGroup APIs the cluster serves
-(discovery, cached) and the attempt's PodGroup created. operator/podgroup.py decides what
-they are; this module only asks and writes, through kube.py."""
+(discovery, cached), the attempt's PodGroup created, and an elastic job's minCount kept equal to
+spec.elastic.minNodes. operator/podgroup.py decides what they are; this module only asks and
+writes, through kube.py."""
 
 from __future__ import annotations
 
@@ -32,26 +33,43 @@ class Discovery:
             now = time.monotonic()
             if self._served is None or now - self._served[0] > DISCOVERY_TTL_SECONDS:
                 found = [
-                    api.api_version
-                    for api in podgroup.APIS.values()
-                    if await self.kube.serves(api.api_version, api.plural)
+                    api.api_version for api in podgroup.ALL_APIS if await self.kube.serves(api.api_version, api.plural)
                 ]
                 self._served = (now, frozenset(found))
             return self._served[1]
 
 
 async def create(
-    kube: Kube, job: TrainingJob, namespace: str, uid: str, attempt: int, mode: podgroup.Mode
+    kube: Kube, job: TrainingJob, namespace: str, uid: str, attempt: int, api: podgroup.GroupApi
 ) -> refusal.Refusal | None:
-    """The attempt's PodGroup, after older attempts' ones are deleted (they go with their
-    attempt; the API server keeps each until its pods are gone). The refusal, if any."""
-    api = podgroup.APIS[mode]
+    """The attempt's PodGroup (an elastic job's one), after older attempts' ones are deleted (they
+    go with their attempt; the API server keeps each until its pods are gone). The refusal, if any."""
+    if job.spec.elastic is None:
+        try:
+            await kube.delete_collection(api.api_version, namespace, api.plural, podgroup.stale_selector(uid, attempt))
+        except ApiError as error:  # the job's deletion collects them anyway
+            log.warning("%s/%s: deleting older PodGroups failed: %s", namespace, job.name, error)
     try:
-        await kube.delete_collection(api.api_version, namespace, api.plural, podgroup.stale_selector(uid, attempt))
-    except ApiError as error:  # the job's deletion collects them anyway
-        log.warning("%s/%s: deleting older PodGroups failed: %s", namespace, job.name, error)
-    try:
-        await kube.create(podgroup.render_podgroup(job, namespace, uid, attempt, mode))
+        await kube.create(podgroup.render_podgroup(job, namespace, uid, attempt, api))
     except Refused as refused:
         return refusal.classify(refused.status, refused.message)
     return None
+
+
+async def follow_min_count(kube: Kube, job: TrainingJob, namespace: str, api: podgroup.GroupApi) -> bool:
+    """An elastic job's PodGroup given the job's minCount, where the version lets it change:
+    whether it now has it (or does not exist yet, and will be created with it)."""
+    name = podgroup.podgroup_name(job, 0)
+    try:
+        await kube.merge_patch(api.api_version, namespace, api.plural, name, podgroup.min_count_patch(job))
+    except Refused as refused:  # v1alpha2: its schedulingPolicy is immutable
+        log.warning(
+            "%s/%s: PodGroup %s keeps its minCount (%s cannot change it): %s",
+            namespace,
+            job.name,
+            name,
+            api.api_version,
+            refused.message,
+        )
+        return False
+    return True

@@ -12,9 +12,11 @@ repeats, stand beside the stages that implement them. The types a decision is ma
 decision.py, the conditions' helpers in conditions.py, the pods as seen in pods.py.
 
 `decide` is a dispatcher over named stages, each returning the Decision once it decided:
-finished (cleanup, TTL) → suspend → resume → gang mode (operator/podgroup.py) → first problem →
-restart-or-fail → success → stragglers → timeouts → stalled → placement (PodsScheduled) → converge (create
-what is missing, delete older attempts).
+finished (cleanup, TTL) → suspend → resume → members (an elastic gang's, operator/elastic.py) → gang
+mode (operator/podgroup.py) → first problem → shrink (elastic) or restart-or-fail → success →
+stragglers → timeouts → stalled → grow (elastic) → placement (PodsScheduled) → converge (create what
+is missing, an elastic job's quorum first and nothing beyond Kueue's admitted count, delete older
+attempts).
 
 Definitions docs/operator.md repeats:
   * Success: every node's pod of the current attempt exited 0 (phase Succeeded). A job
@@ -46,6 +48,7 @@ Definitions docs/operator.md repeats:
     same error (exception type and text, raised at the same file:line, whichever rank) fails the
     job with reason RepeatedError instead of restarting it; errors of torch.distributed and
     kubetrain (a lost peer, a timeout, the rendezvous) are always restarted.
+    An init container failed word for word as in the attempt before fails any job the same way.
   * Gang restart: the failure is recorded, `attempt` goes up and `restarts` (or, for
     RestartJobAndIgnoreMaxRestarts, `uncountedRestarts`) too; the status patch is the commit
     point and goes first, then every pod of older attempts is deleted and the new attempt's
@@ -91,7 +94,7 @@ from kubetrain.operator.failures import (
     stamp,
 )
 from kubetrain.operator.forensics import RankStacks, blame
-from kubetrain.operator.pods import STUCK_REASONS, TERMINAL_PHASES, PodCondition, PodView
+from kubetrain.operator.pods import INIT_CONTAINER_FAILED, STUCK_REASONS, TERMINAL_PHASES, PodCondition, PodView
 
 # Names defined elsewhere that local/supervisor.py still imports from here (#32); every other
 # importer takes them from the module that defines them.
@@ -118,6 +121,7 @@ class _Pass:
     stacks: Mapping[int, RankStacks] | None = None
     members: list[int] = field(default_factory=list)  # the node ranks of the attempt's gang (elastic.members)
     standby: list[PodView] = field(default_factory=list)  # live pods of the attempt outside its gang
+    admitted: int | None = None  # the nodes Kueue admitted an elastic job with (partial admission)
 
     @property
     def size(self) -> int:
@@ -171,13 +175,16 @@ def decide(
     policy: Policy = DEFAULT_POLICY,
     hold: Hold | None = None,
     stacks: Mapping[int, RankStacks] | None = None,
+    *,
+    admitted: int | None = None,
 ) -> Decision:
     """`hold`: a queue keeps the job suspended (operator/kueue.py). `stacks`: every rank's stacks
     from the pods' logs (operator/forensics.py), given when a stall is being decided, so the
-    Stalled failure names the rank that hung. `now` may carry a fraction of a second: only the
-    timeline keeps it (to the millisecond); every other time is whole seconds."""
+    Stalled failure names the rank that hung. `admitted`: how many nodes Kueue admitted (an
+    elastic job's partial admission): no rank beyond them gets a pod. `now` may carry a fraction
+    of a second: only the timeline keeps it (to the millisecond); every other time is whole seconds."""
     run = _observe(job, uid, pods, now, policy)
-    run.stacks = stacks
+    run.stacks, run.admitted = stacks, admitted
     if is_true(run.status, "Succeeded") or is_true(run.status, "Failed"):
         return _cleanup(run)
     if job.spec.run_policy.suspend:
@@ -527,9 +534,20 @@ def _grow(run: _Pass, service_exists: bool) -> Decision | None:
     return _converge(run, service_exists)
 
 
-def _node0_placed(run: _Pass) -> bool:
-    node0 = next((p for p in [*run.current, *run.standby] if p.rank == 0), None)
-    return node0 is not None and (node0.scheduled or node0.phase != "Pending")
+def _first_ranks(run: _Pass) -> list[int]:
+    """The ranks an elastic job places before its others: node 0, whose agent hosts the gang's
+    store; with a PodGroup the first minNodes, which kube-scheduler places together (node 0 is
+    then in the quorum, never left waiting behind pods that took the capacity)."""
+    spec = run.job.spec
+    assert spec.elastic is not None
+    recorded = get_condition(run.status, podgroup.CONDITION)
+    grouped = recorded is not None and podgroup.attempt_mode(recorded.status, recorded.reason) != "none"
+    return list(range(spec.elastic.min_nodes)) if grouped else [0]
+
+
+def _placed(run: _Pass, ranks: list[int]) -> bool:
+    pods = {p.rank: p for p in [*run.current, *run.standby]}
+    return all(r in pods and (pods[r].scheduled or pods[r].phase != "Pending") for r in ranks)
 
 
 def _below_minimum(run: _Pass, below: bool, message: str) -> None:
@@ -544,7 +562,10 @@ def _standby_text(run: _Pass) -> str:
     spec = run.job.spec
     low = spec.elastic.min_nodes if spec.elastic is not None else spec.nodes
     ready = sorted(p.rank for p in run.standby if p.ready and p.rank is not None)
-    return f"waiting for nodes: {len(ready)} of {spec.nodes} pods ready to train (node 0 and at least {low} needed)"
+    text = f"waiting for nodes: {len(ready)} of {spec.nodes} pods ready to train (node 0 and at least {low} needed)"
+    if run.admitted is not None and run.admitted < spec.nodes:
+        text += f"; Kueue admitted {run.admitted} of them"
+    return text
 
 
 def _repeated(run: _Pass, previous: Failure | None, failure: Failure) -> str | None:
@@ -553,7 +574,23 @@ def _repeated(run: _Pass, previous: Failure | None, failure: Failure) -> str | N
     file. A script's message holds one only sometimes (torchrun's summary names the exception
     only for a script that records it), and the built-in trainer's errors are mostly its reports
     on the environment (a checkpoint store, the rendezvous), which repeat word for word while an
-    outage lasts. The message for the Failed condition, or None to go on."""
+    outage lasts. The message for the Failed condition, or None to go on.
+
+    An init container (kubetrain's runtime, or the template's) that failed word for word as in the
+    attempt before fails the job too, whatever it runs: its trainer never started, and without
+    the rule a gang of such pods spends the whole budget in seconds."""
+    if failure.reason == INIT_CONTAINER_FAILED:
+        same = previous is not None and (previous.attempt, previous.reason, previous.message) == (
+            failure.attempt - 1,
+            failure.reason,
+            failure.message,
+        )
+        if not same:
+            return None
+        return (
+            f"{describe(failure)}; attempt {failure.attempt - 1} failed the same way before its trainer started: "
+            "not restarted (a failurePolicy rule with action RestartJob restarts it anyway)"
+        )
     if not runs_function(run.job.spec.command):
         return None
     error = repeated_error(previous, failure)
@@ -626,11 +663,14 @@ def _timed_out(run: _Pass) -> tuple[str, str] | None:
 def _placement(run: _Pass) -> None:
     """PodsScheduled=False (Unschedulable) with the scheduler's own message while a pod of the
     attempt waits for a node (with a gang no pod binds until all fit, and nothing else would
-    say why); True again once every pod is bound."""
+    say why); True again once every pod is bound. An elastic job with no gang yet (forming, or
+    below its minimum) is told about its pods on standby: nothing else says why it waits."""
     nodes = run.size
+    # A gang that trains has what it needs: a standby pod waiting for capacity is no news.
+    pods = run.current if run.members else [*run.current, *run.standby]
     waiting = sorted(
         (p.rank or 0, p.name, c.message)
-        for p in run.current
+        for p in pods
         if not p.scheduled
         for c in p.conditions
         if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
@@ -721,10 +761,14 @@ def _converge(run: _Pass, service_exists: bool) -> Decision:
     present = by_rank.keys() | {p.rank for p in run.standby if p not in failed_standby}
     missing = [r for r in range(run.job.spec.nodes) if r not in present]
     decision.create_ranks = [r for r in missing if naming.pod_name(run.job.name, r) not in run.occupied]
-    if run.job.spec.elastic is not None and not _node0_placed(run):
-        # Node 0's pod hosts the gang's store and is in every gang: it takes the first capacity
-        # there is, the others are created once it has a node.
-        decision.create_ranks = [r for r in decision.create_ranks if r == 0]
+    if run.job.spec.elastic is not None:
+        first = _first_ranks(run)
+        if not _placed(run, first):
+            # Node 0's pod hosts the gang's store and is in every gang: it takes the first
+            # capacity there is (with the rest of the gang's quorum), the others come once it has a node.
+            decision.create_ranks = [r for r in decision.create_ranks if r in first]
+        if run.admitted is not None:  # Kueue's partial admission: no pod beyond the quota it gave
+            decision.create_ranks = [r for r in decision.create_ranks if r < run.admitted]
     decision.create_service = not service_exists
     if decision.delete_pods:
         decision.commit_first = True

@@ -55,6 +55,7 @@ class FakeKube:
         self.calls: list[str] = []  # log streams opened and pods deleted, in order
         self.streams_open = True  # False: a stream's headers never come
         self.secrets: list[tuple[str, int]] = []
+        self.patches: list[tuple[str, str, Any]] = []
 
     async def serves(self, api_version: str, plural: str) -> bool:
         self.discoveries += 1
@@ -63,6 +64,9 @@ class FakeKube:
 
     async def delete_collection(self, api_version: str, namespace: str, plural: str, selector: str) -> None:
         self.deleted_collections.append(f"{plural}?{selector}")
+
+    async def merge_patch(self, api_version: str, namespace: str, plural: str, name: str, patch: Any) -> None:
+        self.patches.append((api_version, name, patch))
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         name = obj["metadata"]["name"]
@@ -471,6 +475,39 @@ def test_a_native_gang_creates_its_podgroup_before_the_pods_that_join_it() -> No
     assert kube.events == [("Normal", "GangScheduling"), ("Normal", "Created")]
 
 
+def test_on_kubernetes_1_37_the_podgroup_is_written_as_v1beta1() -> None:
+    controller, kube = make()
+    kube.served = {"scheduling.k8s.io/v1beta1", "scheduling.k8s.io/v1alpha3"}
+    reconcile(controller)
+    group = kube.bodies["j-0"]
+    assert (group["apiVersion"], group["spec"]["disruptionMode"]) == ("scheduling.k8s.io/v1beta1", {"all": {}})
+    assert kube.bodies["j-node-0"]["spec"]["schedulingGroup"] == {"podGroupName": "j-0"}
+
+
+ELASTIC_JOB = {"elastic": {"minNodes": 2}, "nodes": 3, "command": ["python", "train.py"]}
+
+
+@pytest.mark.parametrize(
+    ("served", "patched"), [("scheduling.k8s.io/v1beta1", True), ("scheduling.k8s.io/v1alpha2", False)]
+)
+def test_an_elastic_jobs_podgroup_follows_its_min_nodes_where_the_version_allows(served: str, patched: bool) -> None:
+    controller, kube = make(**ELASTIC_JOB)
+    kube.served = {served}
+    reconcile(controller)
+    assert kube.created == ["j-elastic", "j", "j-node-0", "j-node-1"], "the quorum's pods first"
+    assert kube.bodies["j-elastic"]["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
+    assert kube.deleted_collections == [], "one PodGroup for the job's life: no sweep of other attempts'"
+    # Once after the operator starts (the group may predate it), where minCount may change.
+    expected = [(served, "j-elastic", {"spec": {"schedulingPolicy": {"gang": {"minCount": 2}}}})]
+    assert kube.patches == (expected if patched else [])
+    state = controller.jobs[KEY]
+    state.body = {**state.body, "spec": {**state.body["spec"], "elastic": {"minNodes": 1}}}
+    reconcile(controller)
+    reconcile(controller)  # the same minimum again: no second write
+    lowered = (served, "j-elastic", {"spec": {"schedulingPolicy": {"gang": {"minCount": 1}}}})
+    assert kube.patches == ([*expected, lowered] if patched else [])
+
+
 def test_a_refused_podgroup_creates_no_pod_of_the_gang() -> None:
     controller, kube = make()
     kube.served = {"scheduling.k8s.io/v1alpha2"}
@@ -491,7 +528,7 @@ def test_discovery_is_asked_once_for_a_burst_of_jobs() -> None:
         await asyncio.gather(*(controller.reconcile(key) for key in list(controller.jobs)))
 
     asyncio.run(burst())
-    assert kube.discoveries == len(podgroup.APIS) and len(kube.statuses) == 3  # one per PodGroup API
+    assert kube.discoveries == len(podgroup.ALL_APIS) and len(kube.statuses) == 3  # one per PodGroup API
 
 
 def test_a_coscheduling_gang_labels_its_pods_with_the_scheduler_plugins_podgroup() -> None:

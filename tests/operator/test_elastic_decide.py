@@ -11,10 +11,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 from support.decisions import advance, cond, make_job, step
-from support.pods import T0, pod_view
+from support.pods import JOB_UID, T0, pod_view
 
+from kubetrain.api import naming
 from kubetrain.api.models import TrainingJob
+from kubetrain.operator import podgroup
+from kubetrain.operator.decision import Policy
 from kubetrain.operator.pods import PodView
+from kubetrain.operator.status import decide
 
 pytestmark = pytest.mark.unit
 
@@ -218,10 +222,70 @@ def test_an_elastic_pod_carries_its_attempts_members_beside_its_attempt() -> Non
     assert "annotations" not in fixed["metadata"], "a gang of a fixed size gets no annotation"
 
 
-def test_an_elastic_gang_is_placed_pod_by_pod() -> None:
-    from kubetrain.operator import podgroup
+ALPHA, BETA = frozenset({"scheduling.k8s.io/v1alpha2"}), frozenset({"scheduling.k8s.io/v1beta1"})
 
-    choice = podgroup.choose(elastic_job().spec, frozenset({"scheduling.k8s.io/v1alpha2"}))
-    assert (choice.mode, choice.reason) == ("none", "Elastic")
-    with pytest.raises(ValidationError, match=r"scheduling\.gang native"):
-        make_job(elastic=ELASTIC, command=["x"], scheduling={"gang": "native"})
+
+@pytest.mark.parametrize(("served", "says"), [(BETA, "it follows spec.elastic.minNodes"), (ALPHA, "fixed while")])
+def test_an_elastic_gang_gets_one_podgroup_whose_quorum_is_its_minimum(served: frozenset[str], says: str) -> None:
+    choice = podgroup.choose(elastic_job().spec, served)
+    assert (choice.mode, choice.reason) == ("native", "PodGroup") and says in choice.message
+    assert "minCount 2" in choice.message
+    api = podgroup.served_api("native", served)
+    assert api is not None
+    job = elastic_job()
+    group = podgroup.render_podgroup(job, "ns", "uid", 4, api)
+    assert group["metadata"]["name"] == "j-elastic" == podgroup.podgroup_name(job, 9), "one for the job's life"
+    assert naming.LABEL_ATTEMPT not in group["metadata"]["labels"], "no stale-attempt sweep may take it"
+    # Losing one pod only shrinks an elastic gang: the default disruption mode, one pod at a time.
+    assert group["spec"] == {"schedulingPolicy": {"gang": {"minCount": 2}}}
+    assert podgroup.min_count_patch(elastic_job(minNodes=1)) == {
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 1}}}
+    }
+
+
+def test_coscheduling_is_refused_for_an_elastic_job_and_native_is_not() -> None:
+    with pytest.raises(ValidationError, match=r"scheduling\.gang coscheduling"):
+        make_job(elastic=ELASTIC, command=["x"], scheduling={"gang": "coscheduling"})
+    make_job(elastic=ELASTIC, command=["x"], scheduling={"gang": "native"})
+
+
+def grouped(**elastic: Any) -> TrainingJob:
+    """An elastic 2-3 job after its first pass on a cluster that serves the v1beta1 PodGroup."""
+    job = elastic_job(**elastic)
+    first = step(job, [], service=False, policy=Policy(group_apis=BETA))
+    assert cond(first, podgroup.CONDITION) == ("True", "PodGroup")
+    assert first.create_ranks == [0, 1], "the quorum first: node 0 and the rest of minNodes"
+    return advance(job, first)
+
+
+def test_with_a_podgroup_the_quorum_is_created_first_and_the_rest_once_it_is_placed() -> None:
+    job, policy = grouped(), Policy(group_apis=BETA)
+    waiting = [pod_view(job, 0, node="n0"), pod_view(job, 1)]
+    assert step(job, waiting, T0 + timedelta(seconds=1), policy=policy).create_ranks == []
+    placed = [pod_view(job, r, node=f"n{r}") for r in (0, 1)]
+    assert step(job, placed, T0 + timedelta(seconds=2), policy=policy).create_ranks == [2]
+
+
+def test_kueue_partial_admission_caps_the_pods_an_elastic_job_creates() -> None:
+    job, policy = grouped(), Policy(group_apis=BETA)
+    placed = [pod_view(job, r, node=f"n{r}") for r in (0, 1)]
+    d = decide(job, JOB_UID, placed, True, T0 + timedelta(seconds=2), policy, admitted=2)
+    assert d.create_ranks == [], "Kueue admitted 2 of 3: no pod for node 2"
+    assert d.status.timeline is not None and d.status.timeline.waiting_on.endswith("Kueue admitted 2 of them")
+    ready = [pod_view(job, r, phase="Running", node=f"n{r}", ready=True) for r in (0, 1)]
+    d = decide(job, JOB_UID, ready, True, T0 + timedelta(seconds=5), policy, admitted=2)
+    assert (d.status.members, d.status.size) == ([0, 1], 2), "the gang forms at the admitted size"
+
+
+def test_an_elastic_job_waiting_for_its_first_gang_says_why_its_pods_are_not_placed() -> None:
+    job, policy = grouped(), Policy(group_apis=BETA)
+    unschedulable = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "pod group is unschedulable, waiting for minCount pods",
+    }
+    pods = [pod_view(job, r, conditions=[unschedulable]) for r in (0, 1)]
+    d = step(job, pods, T0 + timedelta(seconds=3), policy=policy)
+    assert cond(d, "PodsScheduled") == ("False", "Unschedulable")
+    assert d.status.members == [], "still waiting for its quorum"

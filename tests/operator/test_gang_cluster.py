@@ -6,6 +6,7 @@ FakeKubelet only writes their status (Running, Succeeded)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from support.controlplane import ControlPlane
 from support.kubelet import FakeKubelet, schedulable_node
 from support.objects import Cluster, condition, has_condition, release_pods
 from support.operator_process import OperatorProcess, running_operator
+from support.podgroup_schemas import load, snapshot, source
 from support.tools import control_plane
 from support.waiting import wait_for
 
@@ -39,7 +41,7 @@ def gang_plane() -> Iterator[ControlPlane]:
     one-CPU Nodes."""
     gates = dict.fromkeys(podgroup.FEATURE_GATES, True)
     with control_plane(
-        scheduler=True, feature_gates=gates, runtime_config=[f"{podgroup.NATIVE.api_version}=true"]
+        scheduler=True, feature_gates=gates, runtime_config=[f"{podgroup.NATIVE_ALPHA.api_version}=true"]
     ) as cp:
         controlplane.install_crds(cp, ROOT / "crds")
         controlplane.install_crds(cp, COSCHEDULING_CRD)
@@ -105,7 +107,11 @@ def test_native_gang_runs_one_job_whole_and_the_other_not_at_all(
     wait_for(lambda: len(bound(cluster, winner)) == 2, 30, f"both pods of {winner} bound")
     assert bound(cluster, loser) == []
     stored = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        podgroup.NATIVE.group, podgroup.NATIVE.version, cluster.namespace, podgroup.NATIVE.plural, f"{winner}-0"
+        podgroup.NATIVE_ALPHA.group,
+        podgroup.NATIVE_ALPHA.version,
+        cluster.namespace,
+        podgroup.NATIVE_ALPHA.plural,
+        f"{winner}-0",
     )
     assert stored["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
     assert stored["spec"]["disruptionMode"] == "Pod"  # PodGroup needs the WorkloadAwarePreemption gate
@@ -229,7 +235,7 @@ def test_a_gang_larger_than_the_cluster_binds_nothing_and_fails_at_the_schedulin
 
 
 def podgroups(api: Any, cluster: Cluster, job: str) -> list[str]:
-    native, selector = podgroup.NATIVE, f"{naming.LABEL_JOB}={job}"
+    native, selector = podgroup.NATIVE_ALPHA, f"{naming.LABEL_JOB}={job}"
     found = client.CustomObjectsApi(api).list_namespaced_custom_object(
         native.group, native.version, cluster.namespace, native.plural, label_selector=selector
     )["items"]
@@ -278,3 +284,52 @@ def test_coscheduling_creates_the_scheduler_plugins_podgroup(
     )
     assert "GangScheduling" in [e.reason for e in cluster.events("c")]
     assert condition(job, "PodsScheduled") is None  # no scheduler has looked at the pods
+
+
+def test_the_vendored_podgroup_schema_is_the_one_this_apiserver_serves(gang_plane: ControlPlane) -> None:
+    """The unit tests check rendered PodGroups against tests/operator/schemas/; the 1.36 one must be
+    what a 1.36 apiserver serves (the 1.37 one comes from the same generator)."""
+    api_version = podgroup.NATIVE_ALPHA.api_version
+    served = json.loads(gang_plane.kubectl("get", "--raw", source(api_version)).stdout)
+    assert snapshot(served, controlplane.pinned("K8S_VERSION"), api_version) == load(api_version), (
+        "run tests/cluster/vendor_podgroup_schemas.py"
+    )
+
+
+@contextlib.contextmanager
+def cordoned(api: Any, *nodes: str) -> Iterator[Callable[[str], None]]:
+    """`nodes` cordoned until the returned call opens one; all restored afterwards."""
+    core = client.CoreV1Api(api)
+    for name in nodes:
+        core.patch_node(name, {"spec": {"unschedulable": True}})
+    try:
+        yield lambda name: core.patch_node(name, {"spec": {"unschedulable": None}})
+    finally:
+        for name in nodes:
+            core.patch_node(name, {"spec": {"unschedulable": None}})
+
+
+def test_an_elastic_gang_is_placed_minimum_first_then_pod_by_pod(
+    cluster: Cluster, operator: OperatorProcess, api: Any
+) -> None:
+    """Range 2-3 with one CPU free: its quorum (node 0 and node 1) holds nothing until two fit, and
+    binds together; node 2 then binds alone once a CPU opens, the group's quorum being met."""
+    with cordoned(api, "slot-1", "slot-2") as uncordon:
+        cluster.create_job("e", nodes=3, resources=ONE_CPU, elastic={"minNodes": 2}, command=["python", "train.py"])
+        wait_for(lambda: unschedulable(cluster, "e"), 60, "e waiting for a second CPU")
+        assert sorted(p.metadata.name for p in cluster.live_pods("e")) == ["e-node-0", "e-node-1"]
+        assert bound(cluster, "e") == [], "without its quorum the gang holds no CPU"
+        stored = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            podgroup.NATIVE_ALPHA.group, podgroup.NATIVE_ALPHA.version, cluster.namespace, "podgroups", "e-elastic"
+        )
+        assert stored["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
+        assert naming.LABEL_ATTEMPT not in stored["metadata"]["labels"]
+        uncordon("slot-1")
+        wait_for(lambda: len(bound(cluster, "e")) == 2, 60, "nodes 0 and 1 bound together")
+        pods = cluster.wait_pods("e", 3, attempt=0)
+        assert {p.spec.scheduling_group.pod_group_name for p in pods} == {"e-elastic"}
+        wait_for(lambda: settled(cluster, "e"), 60, "node 2 waiting for a CPU")
+        uncordon("slot-2")
+        wait_for(lambda: len(bound(cluster, "e")) == 3, 60, "node 2 bound alone")
+    gang = condition(cluster.job("e") or {}, podgroup.CONDITION)
+    assert gang is not None and gang["reason"] == "PodGroup" and "minCount 2" in gang["message"]

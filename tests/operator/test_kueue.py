@@ -112,6 +112,24 @@ def test_admission(
         assert "trainingjob-train" in verdict.hold.message
 
 
+def test_an_elastic_workload_may_be_admitted_down_to_its_minimum() -> None:
+    """Kueue's partial admission (beta, on by default): pod set minCount = elastic.minNodes, and the
+    admitted count read back from the assignment."""
+    job = queued_job(nodes=3, elastic={"minNodes": 2}, command=["python", "train.py"])
+    (pod_set,) = kueue.render_workload(job, "ns", UID, render_pod(job, "ns", UID, 0, 0, RenderSettings()), None)[
+        "spec"
+    ]["podSets"]
+    assert (pod_set["count"], pod_set["minCount"]) == (3, 2)
+    fixed = queued_job(nodes=3)
+    (fixed_set,) = kueue.render_workload(fixed, "ns", UID, render_pod(fixed, "ns", UID, 0, 0, RenderSettings()), None)[
+        "spec"
+    ]["podSets"]
+    assert "minCount" not in fixed_set, "a fixed gang is admitted whole or not at all"
+    partial = {"clusterQueue": "cq", "podSetAssignments": [{**ADMISSION["podSetAssignments"][0], "count": 2}]}
+    assert kueue.admission(job, workload(RESERVED, ADMITTED, admission=partial), False).count == 2
+    assert kueue.admission(job, workload(RESERVED, ADMITTED, admission=ADMISSION), False).count is None
+
+
 def test_waiting_names_the_queue_and_kueues_reason() -> None:
     hold = kueue.admission(queued_job(), workload(UNRESERVED), False).hold
     assert hold is not None

@@ -241,3 +241,51 @@ def volumes_and_env(pod: Any) -> tuple[Any, ...]:
     claims = sorted(v.persistent_volume_claim.claim_name for v in pod.spec.volumes if v.persistent_volume_claim)
     env = {e.name: e.value for e in pod.spec.containers[0].env or []}
     return tuple(claims), env.get("KUBETRAIN_CHECKPOINT_DIR")
+
+
+def test_an_elastic_job_is_admitted_partially_and_creates_no_pod_beyond_it(
+    operator: OperatorProcess, cluster: Cluster, kubelet: FakeKubelet, objects: KueueObjects
+) -> None:
+    """Quota for two one-CPU pods, a job of range 2-3: Kueue's partial admission admits 2 (the pod
+    set's minCount is minNodes), and the gang forms at 2 with no pod for node 2."""
+    queue = objects.queue(cpu=2)
+    body = {
+        "apiVersion": naming.API_VERSION,
+        "kind": naming.KIND,
+        "metadata": {"name": "elastic", "labels": {kueue.QUEUE_LABEL: queue}},
+        "spec": {
+            "nodes": 3,
+            "elastic": {"minNodes": 2},
+            "image": "kubetrain/trainer:test",
+            "command": ["python", "train.py"],
+            "resources": {"requests": {"cpu": "1"}},
+        },
+    }
+    cluster.custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, cluster.namespace, naming.PLURAL, body)
+
+    def created() -> dict[str, Any] | None:
+        try:
+            return objects.workload("elastic")
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    (pod_set,) = wait_for(created, 30, "the Workload")["spec"]["podSets"]
+    assert (pod_set["count"], pod_set["minCount"]) == (3, 2)
+
+    def admitted() -> int | None:
+        status = objects.workload("elastic").get("status") or {}
+        assignments = (status.get("admission") or {}).get("podSetAssignments") or [{}]
+        count: int | None = assignments[0].get("count")
+        return count
+
+    assert wait_for(admitted, 60, "Kueue's admission") == 2
+    # Node 0 first (no PodGroup here), then node 1 once node 0 runs; node 2 never.
+    kubelet.run(cluster.namespace, cluster.wait_pods("elastic", 1, attempt=0)[0].metadata.name)
+    pods = cluster.wait_pods("elastic", 2, attempt=0)
+    kubelet.run(cluster.namespace, "elastic-node-1")
+    job = cluster.wait_job("elastic", lambda j: (j.get("status") or {}).get("size") == 2, "the gang formed at 2")
+    assert sorted(p.metadata.name for p in pods) == ["elastic-node-0", "elastic-node-1"]
+    assert sorted(p.metadata.name for p in cluster.live_pods("elastic")) == ["elastic-node-0", "elastic-node-1"]
+    assert job["status"]["members"] == [0, 1] and job["status"]["restarts"] == 0

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.unit
 NATIVE, NONE = "native", "none"
 
 
-SERVED = frozenset({"scheduling.k8s.io/v1alpha2"})
+SERVED = frozenset({"scheduling.k8s.io/v1alpha2"})  # Kubernetes 1.36
+BETA = frozenset({"scheduling.k8s.io/v1beta1"})  # 1.37
 COSCHEDULING = frozenset({"scheduling.x-k8s.io/v1alpha1"})
 NOTHING: frozenset[str] = frozenset()
 # The operator's policy once it asked the API server which group APIs it serves (or before).
@@ -48,6 +49,8 @@ PLUGINS = "scheduler-plugins-scheduler"
         ("coscheduling", PLUGINS, SERVED, None, "GangSchedulingUnavailable"),
         ("none", None, SERVED, NONE, "Disabled"),
         ("none", None, NOTHING, NONE, "Disabled"),
+        ("auto", None, BETA, NATIVE, "PodGroup"),
+        ("native", None, BETA | SERVED, NATIVE, "PodGroup"),
     ],
 )
 def test_choose(asked: str, scheduler: str | None, served: frozenset[str], mode: str | None, reason: str) -> None:
@@ -58,8 +61,8 @@ def test_choose(asked: str, scheduler: str | None, served: frozenset[str], mode:
 
 def test_the_missing_api_is_named_with_its_feature_gates() -> None:
     message = podgroup.choose(job_model("j", scheduling={"gang": "native"}).spec, NOTHING).message
-    assert "scheduling.k8s.io/v1alpha2 PodGroup is not served" in message
-    assert "--runtime-config=scheduling.k8s.io/v1alpha2=true" in message
+    assert "neither scheduling.k8s.io/v1beta1 nor scheduling.k8s.io/v1alpha2 PodGroup is served" in message
+    assert "--runtime-config=scheduling.k8s.io/v1beta1=true, or scheduling.k8s.io/v1alpha2=true before" in message
     assert "GenericWorkload=true,GangScheduling=true" in message
 
 
@@ -67,9 +70,23 @@ def test_the_default_is_auto() -> None:
     assert job_model("j").spec.scheduling.gang == "auto"
 
 
+@pytest.mark.parametrize(
+    ("served", "version"),
+    [
+        (SERVED, "scheduling.k8s.io/v1alpha2"),
+        (BETA, "scheduling.k8s.io/v1beta1"),
+        (SERVED | BETA, "scheduling.k8s.io/v1beta1"),  # 1.37 may serve both: its beta first
+        (COSCHEDULING, None),
+    ],
+)
+def test_the_native_podgroup_is_written_in_the_newest_version_served(served: frozenset[str], version: str) -> None:
+    api = podgroup.served_api("native", served)
+    assert (api.api_version if api else None) == version
+
+
 def test_render_podgroup() -> None:
     job = job_model("j", nodes=4)
-    assert podgroup.render_podgroup(job, "ns", UID, 3, "native") == {
+    assert podgroup.render_podgroup(job, "ns", UID, 3, podgroup.NATIVE_ALPHA) == {
         "apiVersion": "scheduling.k8s.io/v1alpha2",
         "kind": "PodGroup",
         "metadata": {
@@ -89,7 +106,7 @@ def test_render_podgroup() -> None:
 
 
 def test_render_coscheduling_podgroup() -> None:
-    group = podgroup.render_podgroup(job_model("j", nodes=4), "ns", UID, 0, "coscheduling")
+    group = podgroup.render_podgroup(job_model("j", nodes=4), "ns", UID, 0, podgroup.COSCHEDULING)
     assert (group["apiVersion"], group["metadata"]["name"], group["spec"]) == (
         "scheduling.x-k8s.io/v1alpha1",
         "j-0",

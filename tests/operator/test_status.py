@@ -774,6 +774,28 @@ def test_a_function_that_raises_the_same_error_twice_fails_without_a_restart() -
     assert [e.reason for e in d.events] == ["RepeatedError"]
 
 
+INIT_FAILED = "init container kubetrain-runtime exited 1: cp: cannot create '/kubetrain-runtime/x': Read-only"
+
+
+@pytest.mark.parametrize(
+    ("second", "fails"), [(INIT_FAILED, True), (INIT_FAILED.replace("exited 1", "exited 2"), False)]
+)
+def test_an_init_container_failing_the_same_way_twice_fails_any_job(second: str, fails: bool) -> None:
+    spec = {"runPolicy": {"maxRestarts": 3}}
+    job, pods = running_job(**spec)
+    broken = pod_view(job, 0, phase="Failed", exit_code=1, reason="InitContainerFailed", message=INIT_FAILED)
+    job = advance(job, step(job, [broken, *pods[1:]]))
+    running = [pod_view(job, r, attempt=1, phase="Running") for r in range(3)]
+    job = advance(job, step(job, running))
+    running[0] = pod_view(job, 0, attempt=1, phase="Failed", exit_code=1, reason="InitContainerFailed", message=second)
+    d = step(job, running, T0 + timedelta(minutes=5))
+    if not fails:
+        assert d.status.phase != "Failed" and d.status.restarts == 2
+        return
+    assert cond(d, "Failed") == ("True", "RepeatedError") and d.status.restarts == 1
+    assert "attempt 0 failed the same way before its trainer started: not restarted" in message_of(d, "Failed")
+
+
 @pytest.mark.parametrize(
     ("first", "second", "spec"),
     [
