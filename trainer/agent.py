@@ -60,7 +60,10 @@ from kubetrain.api.contract import (
     ATTEMPT_ENV,
     ATTEMPT_FILE_ENV,
     MEMBERS_FILE,
+    NNODES,
+    NODE_RANK,
     ORDER_PATH,
+    PET_PREFIX,
     POD_IP_ENV,
     READY_PATH,
     format_members,
@@ -434,6 +437,10 @@ class InPlace:
         assert self.node is not None
         rank = members.index(self.node)
         torch_private.set_rendezvous_membership(rendezvous, rank, len(members), f"{self.run_id}-attempt-{self.attempt}")
+        # The workers inherit this environment: a script that reads NODE_RANK or NNODES (the pod's
+        # place in the range, as rendered) sees the gang it trains in, as GROUP_RANK says.
+        for name, value in ((NODE_RANK, rank), (NNODES, len(members))):
+            os.environ[name] = os.environ[PET_PREFIX + name] = str(value)
         log.info("attempt %d: node %d is rank %d of %d nodes", self.attempt, self.node, rank, len(members))
 
     def _await_membership(self) -> list[int]:

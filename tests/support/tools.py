@@ -38,7 +38,7 @@ NAMESPACED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("", "secrets", ("create",)),
     ("", "services", ("list", "watch", "create")),
     ("", "events", ("create",)),
-    ("scheduling.k8s.io", "podgroups", ("create", "deletecollection")),
+    ("scheduling.k8s.io", "podgroups", ("create", "deletecollection", "patch")),
     ("scheduling.x-k8s.io", "podgroups", ("create", "deletecollection")),
     ("kueue.x-k8s.io", "workloads", ("get", "list", "watch", "create", "update")),
     ("kueue.x-k8s.io", "workloads/status", ("update",)),

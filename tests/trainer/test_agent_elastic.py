@@ -6,6 +6,7 @@ rendezvous."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -19,6 +20,13 @@ from kubetrain.trainer import agent
 from kubetrain.trainer.agent import InPlace
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True)
+def pod_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pod's rendezvous variables (node 2 of 3), which a join rewrites: restored after each test."""
+    for name in ("NODE_RANK", "PET_NODE_RANK", "NNODES", "PET_NNODES"):
+        monkeypatch.setenv(name, "2" if "RANK" in name else "3")
 
 
 def _agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node: int, attempt: int, members: list[int]) -> InPlace:
@@ -55,6 +63,8 @@ def test_a_member_meets_the_attempts_gang_at_its_rank_in_it(tmp_path: Path, monk
     one.join(rendezvous)
     assert (rendezvous.rank, rendezvous.world_size, rendezvous.run_id) == (1, 2, "job-attempt-4")
     assert one.node == 2, "its node rank stays what its pod is"
+    # What its workers inherit: the gang's place and size, not the pod's place in the range.
+    assert [os.environ[name] for name in ("NODE_RANK", "PET_NODE_RANK", "NNODES", "PET_NNODES")] == ["1", "1", "2", "2"]
 
 
 def test_a_gang_of_a_fixed_size_is_left_as_torchrun_made_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
