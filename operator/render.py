@@ -215,6 +215,8 @@ RUNTIME_COMMAND = ("python", "-m", "kubetrain.trainer.runtime_bundle", naming.RU
 PYTHONPATH = "PYTHONPATH"
 # A job's own PYTHONPATH from a valueFrom source goes under this name, which the runtime's refers to.
 JOB_PYTHONPATH = "KUBETRAIN_JOB_PYTHONPATH"
+# The runtime's loader (a sitecustomize), first on the trainer's PYTHONPATH.
+RUNTIME_SITE = f"{naming.RUNTIME_PATH}/site"
 
 
 def injects_runtime(job: TrainingJob, settings: RenderSettings) -> bool:
@@ -245,7 +247,7 @@ def _runtime(job: TrainingJob, container: dict[str, Any], pod_spec: dict[str, An
     container["volumeMounts"].append(
         {"name": naming.RUNTIME_VOLUME, "mountPath": naming.RUNTIME_PATH, "readOnly": True}
     )
-    site = f"{naming.RUNTIME_PATH}/site"
+    site = RUNTIME_SITE
     env: list[dict[str, Any]] = container["env"]
     own = next((var for var in env if var["name"] == PYTHONPATH), None)
     if own is None:
@@ -461,6 +463,14 @@ def _merge_trainer(container: dict[str, Any], given: dict[str, Any]) -> None:
     if "envFrom" in given:
         # Kubernetes gives env precedence over envFrom: the contract cannot be overridden here.
         container["envFrom"] = given["envFrom"]
+        runtime = next(
+            (v for v in container["env"] if v["name"] == PYTHONPATH and v.get("value") == RUNTIME_SITE), None
+        )
+        if runtime is not None:
+            # The runtime's PYTHONPATH would replace one that envFrom gives: it refers to it instead.
+            # The kubelet expands an env value against envFrom's variables and the env before it,
+            # its own name included (a name envFrom lacks stays as written: a path that is not there).
+            runtime["value"] = f"{RUNTIME_SITE}:$({PYTHONPATH})"
 
 
 # Template pod-spec fields set as given: kubetrain renders none of them.

@@ -558,3 +558,20 @@ def test_the_runtime_goes_to_every_pod_unless_the_job_or_the_operator_opts_out()
 def test_the_jobs_own_pythonpath_follows_the_runtimes(given: dict[str, Any], expected: list[dict[str, Any]]) -> None:
     env = render_pod(job(env=[given]), "ns", UID, 0, 0)["spec"]["containers"][0]["env"]
     assert [var for var in env if "PYTHONPATH" in var["name"]] == expected
+
+
+def test_a_pythonpath_from_envfrom_follows_the_runtimes() -> None:
+    """env beats envFrom in Kubernetes: the runtime's PYTHONPATH refers to envFrom's, which the
+    kubelet expands (an env value's $(NAME) sees envFrom's variables, its own name included)."""
+    source = [{"configMapRef": {"name": "paths"}}]
+    template = {"spec": {"containers": [{"name": "trainer", "envFrom": source}]}}
+    container = render_pod(job(template=template), "ns", UID, 0, 0)["spec"]["containers"][0]
+    assert container["envFrom"] == source
+    assert env_of_container(container)["PYTHONPATH"] == "/kubetrain-runtime/site:$(PYTHONPATH)"
+    # The job's own env PYTHONPATH wins over envFrom's, as Kubernetes has it: no reference then.
+    given = render_pod(job(template=template, env=[{"name": "PYTHONPATH", "value": "/src"}]), "ns", UID, 0, 0)
+    assert env_of_container(given["spec"]["containers"][0])["PYTHONPATH"] == "/kubetrain-runtime/site:/src"
+
+
+def env_of_container(container: dict[str, Any]) -> dict[str, str]:
+    return {var["name"]: var.get("value", "") for var in container["env"]}
