@@ -16,13 +16,15 @@ from typing import Annotated
 
 from pydantic import Field, JsonValue
 
+# The runner's side of the files (standard library only), re-exported for the writers here.
+from kubetrain.api.function_call import CALL_FILE as CALL_FILE
+from kubetrain.api.function_call import FUNCTION_NAME_MAX, FUNCTION_NAME_PATTERN
+from kubetrain.api.function_call import RUNNER_MODULE as RUNNER_MODULE
+from kubetrain.api.function_call import SOURCE_FILE as SOURCE_FILE
 from kubetrain.api.training import StrictModel
 
 FUNCTION_DIR = "/kubetrain/function"
 FUNCTION_VOLUME = "kubetrain-function"
-SOURCE_FILE = "function.py"
-CALL_FILE = "call.json"
-RUNNER_MODULE = "kubetrain.trainer.function"
 # A ConfigMap holds at most 1 MiB (keys and values together); leave room for its metadata.
 MAX_PAYLOAD_BYTES = 1_000_000
 
@@ -30,7 +32,7 @@ MAX_PAYLOAD_BYTES = 1_000_000
 class FunctionCall(StrictModel):
     """Which function of SOURCE_FILE every rank calls, and with what."""
 
-    function: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)]
+    function: Annotated[str, Field(pattern=FUNCTION_NAME_PATTERN, max_length=FUNCTION_NAME_MAX)]
     args: list[JsonValue] = Field(default_factory=list)
     kwargs: dict[str, JsonValue] = Field(default_factory=dict)
 

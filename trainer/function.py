@@ -1,6 +1,6 @@
 """`torchrun -m kubetrain.trainer.function DIR`: call a function shipped by kubetrain.client's `train()`.
 
-DIR holds the shipped module and the call (`kubetrain.api.function`). Every rank loads the
+DIR holds the shipped module and the call (`kubetrain.api.function_call`). Every rank loads the
 module and calls the function with the call's arguments. The return value is not sent anywhere:
 print or `lib.log0` what you want to keep.
 
@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import json
 import os
 import sys
 import traceback
@@ -48,10 +49,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pydantic import ValidationError
-
-from kubetrain.api.function import CALL_FILE, RUNNER_MODULE, SOURCE_FILE, FunctionCall
-from kubetrain.api.training import TrainConfig
+from kubetrain.api.contract import CONFIG_ENV
+from kubetrain.api.function_call import CALL_FILE, RUNNER_MODULE, SOURCE_FILE, Call, read_call
 from kubetrain.trainer.ending import leave
 
 # The shipped module's name on every rank; registered in sys.modules so that what its classes
@@ -63,13 +62,13 @@ class ShipmentError(Exception):
     """DIR does not hold a loadable shipment."""
 
 
-def load(directory: Path) -> tuple[Callable[..., Any], FunctionCall]:
+def load(directory: Path) -> tuple[Callable[..., Any], Call]:
     """The shipped function and its call; raises ShipmentError naming what is wrong."""
     try:
-        call = FunctionCall.model_validate_json((directory / CALL_FILE).read_text())
+        call = read_call((directory / CALL_FILE).read_text())
     except OSError as error:
         raise ShipmentError(f"{directory / CALL_FILE}: {error.strerror}") from None
-    except ValidationError as error:
+    except ValueError as error:
         raise ShipmentError(f"{directory / CALL_FILE}: not a function call: {error}") from None
     module = _import(directory / SOURCE_FILE)
     fn = getattr(module, call.function, None)
@@ -109,12 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kubetrain.trainer.metrics import configure_logging, log
 
     configure_logging(rank)
-    config = TrainConfig.from_env()
-    kdist.set_up_on_first_use(
-        config.backend,
-        timeout_s=config.training.process_group_timeout_seconds,
-        connect_timeout_s=config.training.connect_timeout_seconds,
-    )
+    kdist.set_up_on_first_use(**job_set_up(os.environ.get(CONFIG_ENV, "")))
     try:
         fn(*call.args, **call.kwargs)
     except Exception as error:
@@ -129,6 +123,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.exception("%s() returned, but the ranks' final meeting failed", call.function)
         return 1
     return 0
+
+
+def job_set_up(config: str) -> dict[str, Any]:
+    """The job's backend and timeouts for `dist.set_up_on_first_use`, from KUBETRAIN_CONFIG
+    (TrainConfig's wire form), read without pydantic: the runner runs in images that lack it. A
+    field the config leaves out keeps set_up_on_first_use's default (TrainConfig's too: a test
+    keeps them equal)."""
+    data = json.loads(config) if config else {}
+    training = data.get("training") or {}
+    found = {
+        "backend": data.get("backend"),
+        "timeout_s": training.get("processGroupTimeoutSeconds"),
+        "connect_timeout_s": training.get("connectTimeoutSeconds"),
+    }
+    return {name: value for name, value in found.items() if value is not None}
 
 
 def _tell_torchrun(error: Exception) -> None:

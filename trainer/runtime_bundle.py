@@ -2,7 +2,8 @@
 
 The runtime is what runs beside user code: the torchrun hooks, the in-place agent, the stop vote,
 the hang watchdog, the records and the framework adapters (kubetrain.trainer.torchrun_hooks and
-what it imports). It needs only the standard library and the torch it finds, on Python 3.10 and
+what it imports), and the runner of the functions Client.train ships (kubetrain.trainer.function),
+so that a Kubeflow-style function runs in an image without kubetrain too. It needs only the standard library and the torch it finds, on Python 3.10 and
 later (tests/trainer/test_runtime_bundle.py checks both), so it runs in any image with torch.
 
 The operator gives every training pod an init container of kubetrain's operator image that runs
@@ -24,16 +25,20 @@ from pathlib import Path
 
 BUNDLE_SITE = "site"
 BUNDLE_LIB = "lib"
-# torchrun_hooks' import closure (their own and their lazy imports), with the packages above them.
+# The import closure (their own and their lazy imports, with the packages above them) of the
+# torchrun hooks and of the runner of Client.train's functions (RUNNER_ROOTS).
+RUNNER_ROOTS = ("kubetrain.trainer.torchrun_hooks", "kubetrain.trainer.function")
 RUNTIME_MODULES = (
     "kubetrain.api",
     "kubetrain.api.contract",
+    "kubetrain.api.function_call",
     "kubetrain.api.record_format",
     "kubetrain.trainer",
     "kubetrain.trainer.agent",
     "kubetrain.trainer.attempt_store",
     "kubetrain.trainer.dist",
     "kubetrain.trainer.ending",
+    "kubetrain.trainer.function",
     "kubetrain.trainer.guest_records",
     "kubetrain.trainer.hf_adapter",
     "kubetrain.trainer.lightning_adapter",

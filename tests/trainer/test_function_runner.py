@@ -4,6 +4,9 @@ contract is a single process on loopback). The 2-node runs are the client's test
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import json
 import os
 import subprocess
 import sys
@@ -11,13 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from support.shipped import STEPS, adopts_its_own_group, kubeflow_ddp, raises, reports
 
 from kubetrain.api.contract import free_port
-from kubetrain.api.function import CALL_FILE, RUNNER_MODULE, SOURCE_FILE
+from kubetrain.api.function import CALL_FILE, RUNNER_MODULE, SOURCE_FILE, FunctionCall
+from kubetrain.api.function_call import read_call
 from kubetrain.api.records import metrics_in
+from kubetrain.api.training import TrainConfig
 from kubetrain.client.ship import ship
 from kubetrain.client.spec import function_files
+from kubetrain.trainer.function import job_set_up
 
 pytestmark = pytest.mark.unit
 
@@ -100,3 +107,51 @@ def test_the_context_outside_a_process_group_says_where_to_call_it() -> None:
 
     with pytest.raises(lib.ContractError, match=r"call this inside `lib.distributed\(\)`"):
         lib.context()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        {"function": "f"},
+        {"function": "f", "args": [1, "a", None, [2]], "kwargs": {"lr": 0.1, "nested": {"k": [1]}}},
+        {"function": "1f"},
+        {"function": "f", "extra": 1},
+        {"function": "f", "args": {"a": 1}},
+        {"function": "f", "kwargs": [1]},
+        {"function": "x" * 257},
+        {"args": []},
+    ],
+)
+def test_the_runners_reader_takes_exactly_what_the_clients_model_does(call: dict[str, Any]) -> None:
+    """The runner reads call.json without pydantic (it runs in images without it); FunctionCall,
+    which writes it, is the reference."""
+    text = json.dumps(call)
+    try:
+        expected: Any = FunctionCall.model_validate_json(text).model_dump()
+    except ValidationError:
+        expected = None
+    try:
+        found: Any = dataclasses.asdict(read_call(text))
+    except ValueError:
+        found = None
+    assert found == expected
+
+
+def test_the_runners_set_up_defaults_are_the_trainers() -> None:
+    """What job_set_up leaves out keeps set_up_on_first_use's defaults: TrainConfig's."""
+    from kubetrain.trainer import dist
+
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(dist.set_up_on_first_use).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+    config = TrainConfig()
+    assert defaults == {
+        "backend": config.backend,
+        "timeout_s": config.training.process_group_timeout_seconds,
+        "connect_timeout_s": config.training.connect_timeout_seconds,
+    }
+    assert job_set_up("") == {}
+    given = TrainConfig.model_validate({"backend": "gloo", "training": {"processGroupTimeoutSeconds": 60}})
+    assert job_set_up(given.to_env_value()) == {"backend": "gloo", "timeout_s": 60, "connect_timeout_s": 300}

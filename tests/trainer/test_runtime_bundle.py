@@ -16,7 +16,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support.shipped import kubeflow_ddp
 
+from kubetrain.api.function import RUNNER_MODULE
+from kubetrain.client.ship import ship
+from kubetrain.client.spec import function_files
 from kubetrain.trainer import runtime_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +72,12 @@ def closure(root: str) -> tuple[set[str], set[str]]:
 
 @pytest.mark.unit
 def test_the_bundle_is_the_hooks_whole_import_closure_of_standard_library_and_torch() -> None:
-    modules, third_party = closure("kubetrain.trainer.torchrun_hooks")
+    modules: set[str] = set()
+    third_party: set[str] = set()
+    for root in runtime_bundle.RUNNER_ROOTS:
+        found, third = closure(root)
+        modules |= found
+        third_party |= third
     assert modules == set(runtime_bundle.RUNTIME_MODULES)
     assert third_party <= ALLOWED_THIRD_PARTY, third_party - ALLOWED_THIRD_PARTY
 
@@ -259,3 +268,23 @@ def test_a_plain_ddp_script_under_torchrun_in_a_python_without_kubetrain_reports
     events = [record["event"] for record in records]
     assert events[0] == "rendezvous" and records[0]["world_size"] == 2, records
     assert [r["step"] for r in records if r["event"] == "step"][-1] == 6, records
+
+
+@pytest.mark.train
+def test_a_kubeflow_style_function_runs_in_a_python_without_kubetrain(tmp_path: Path) -> None:
+    """Client.train's runner is in the bundle: a function written as Kubeflow's SDK documents one,
+    shipped as train() ships it, runs on 2 processes under torchrun in a Python that has torch and
+    neither kubetrain nor pydantic."""
+    python = guest_python(tmp_path)
+    into = install(tmp_path)
+    shipment = tmp_path / "function"
+    shipment.mkdir()
+    for name, text in function_files(ship(kubeflow_ddp, (1,))).items():
+        (shipment / name).write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(into / "site"), "OMP_NUM_THREADS": "1"}
+    command = [str(python), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += ["-m", RUNNER_MODULE, str(shipment)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.stdout.count("Distributed Training with WORLD_SIZE: 2") == 2, done.stdout[-4000:]
+    assert "Training is finished" in done.stdout  # rank 0's last words; both ranks exited 0
