@@ -489,9 +489,19 @@ def _shrink(run: _Pass, problem: Problem, service_exists: bool) -> Decision | No
     _below_minimum(run, below, message)
     status.replicas = ReplicaCounts()
     status.timeline = timeline.begin(status.attempt, "InPlace", failed_at=failure.time, detected_at=run.precise)
-    run.condition("Running", False, "Resizing", message, only_if_present=True)
+    if below:  # nothing restarts: the job waits for capacity (phase Pending, BelowMinNodes)
+        run.condition("Running", False, "Resizing", message, only_if_present=True)
+    else:
+        _resizing(run, message)
     _move_in_place(run)
     return _converge(run, service_exists)
+
+
+def _resizing(run: _Pass, message: str) -> None:
+    """A gang that trains on at another size restarts in place: phase Restarting (reason
+    Resizing) until its pods run the new attempt, as after any in-place restart."""
+    run.condition("Restarting", True, "Resizing", message)
+    run.condition("Running", False, "Resizing", message, only_if_present=True)
 
 
 def _grow(run: _Pass, service_exists: bool) -> Decision | None:
@@ -528,6 +538,8 @@ def _grow(run: _Pass, service_exists: bool) -> Decision | None:
     run.decision.events.append(Event("Normal", "Resized", message))
     run.decision.commit_first = True
     _below_minimum(run, False, message)
+    if before:  # a gang that grows; one that forms starts, as a job's first gang does
+        _resizing(run, message)
     status.replicas = ReplicaCounts()
     status.timeline = timeline.begin(status.attempt, "InPlace", detected_at=run.precise)
     _move_in_place(run)

@@ -3,8 +3,9 @@
 The runtime is what runs beside user code: the torchrun hooks, the in-place agent, the stop vote,
 the hang watchdog, the records and the framework adapters (kubetrain.trainer.torchrun_hooks and
 what it imports), and the runner of the functions Client.train ships (kubetrain.trainer.function),
-so that a Kubeflow-style function runs in an image without kubetrain too. It needs only the standard library and the torch it finds, on Python 3.10 and
-later (tests/trainer/test_runtime_bundle.py checks both), so it runs in any image with torch.
+so that a Kubeflow-style function runs in an image without kubetrain too. It needs only the
+standard library and the torch it finds, on Python 3.10 and later (tests/trainer/
+test_runtime_bundle.py checks both), so it runs in any image with torch.
 
 The operator gives every training pod an init container of kubetrain's operator image that runs
 

@@ -117,6 +117,11 @@ def test_a_lost_node_shrinks_the_gang_in_place_without_budget(how: str) -> None:
     assert d.commit_first
     line = d.status.timeline
     assert line is not None and (line.attempt, line.start) == (2, "InPlace")
+    assert d.status.phase == "Restarting" and cond(d, "Restarting") == ("True", "Resizing")
+    job = advance(job, d)
+    moved = [replace(p, attempt=2, ready=True) for p in (pods[0], pods[2])]
+    again = step(job, moved, lost_at + timedelta(seconds=3))
+    assert again.status.phase == "Running" and cond(again, "Restarting") == ("False", "AllPodsRunning")
 
 
 def test_the_lost_node_is_created_again_on_standby() -> None:
@@ -168,6 +173,7 @@ def test_the_gang_grows_once_the_cool_down_passed() -> None:
     resize = (d.status.resizes or [])[-1]
     assert (resize.from_size, resize.to_size, resize.reason) == (2, 3, "CapacityReturned")
     assert d.status.restarts == 0
+    assert d.status.phase == "Restarting" and cond(d, "Restarting") == ("True", "Resizing")
 
 
 def test_success_is_the_gangs_own_and_the_standby_pod_is_cleaned_up() -> None:
