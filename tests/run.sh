@@ -70,6 +70,8 @@ mypy
 # may start 5 torch processes). The tiers above share one control plane and one node per session:
 # one process, after.
 PARALLEL=(-n "${KUBETRAIN_TEST_WORKERS:-logical}" --maxprocesses 4)
+# The slowest tests of each run, printed at its end: where CI's time goes.
+SLOWEST=(--durations=15 --durations-min=20)
 case $TIER in
   unit | train)
     step "pytest -m $TIER ${PARALLEL[*]}"
@@ -83,14 +85,14 @@ case $TIER in
 esac
 step "pytest -m 'unit or train' ${PARALLEL[*]}"
 unit=0
-python -m pytest -m "unit or train" "${PARALLEL[@]}" "$@" || unit=$?
+python -m pytest -m "unit or train" "${PARALLEL[@]}" "${SLOWEST[@]}" "$@" || unit=$?
 # The runtime beside user code on the lowest torch README claims too (its own venv, cached).
 step "the runtime's tests on the lowest claimed torch (tests/cluster/low-torch.sh)"
 low=0
 KUBETRAIN_VENV=$VENV bash tests/cluster/low-torch.sh "${PARALLEL[@]}" "$@" || low=$?
 step "pytest -m 'not unit and not train'"
 rest=0
-python -m pytest -m "not unit and not train" "$@" || rest=$?
+python -m pytest -m "not unit and not train" "${SLOWEST[@]}" "$@" || rest=$?
 # pytest's 5 (nothing collected) in one half is no failure when the other half ran tests.
 for status in "$unit" "$low" "$rest"; do
   case $status in 0 | 5) ;; *) exit "$status" ;; esac
