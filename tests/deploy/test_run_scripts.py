@@ -76,12 +76,15 @@ PIP = [
 LINT = ["ruff check .", "ruff format --check .", "mypy"]
 
 
-def spread(marker: str) -> list[str]:
-    return [f"python -m pytest -m {marker} -n logical --maxprocesses 4 -x -k a b", "REQUIRE="]
+SLOWEST = "--durations=15 --durations-min=20 "  # the full run reports its slowest tests
 
 
-def tier_run(marker: str) -> list[str]:
-    return [f"python -m pytest -m {marker} -x -k a b", "REQUIRE="]
+def spread(marker: str, slowest: str = "") -> list[str]:
+    return [f"python -m pytest -m {marker} -n logical --maxprocesses 4 {slowest}-x -k a b", "REQUIRE="]
+
+
+def tier_run(marker: str, slowest: str = "") -> list[str]:
+    return [f"python -m pytest -m {marker} {slowest}-x -k a b", "REQUIRE="]
 
 
 @pytest.mark.parametrize(
@@ -99,9 +102,9 @@ def tier_run(marker: str) -> list[str]:
             "all",
             ["install.sh k8s helm kueue kubeflow node", "build-images.sh", "root=0"],
             [
-                *spread("unit or train"),
+                *spread("unit or train", SLOWEST),
                 "low-torch.sh -n logical --maxprocesses 4 -x -k a b",
-                *tier_run("not unit and not train"),
+                *tier_run("not unit and not train", SLOWEST),
             ],
         ),
     ],
