@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Collection, Mapping
@@ -329,7 +330,18 @@ class Controller:
         policy = replace(self.policy, group_apis=await self.discovery.served())
         try:
             admission = await kueue_io.admission(self.kube, self.settings.render, key[0], uid, job, pods, now)
-            decision = decide(job, uid, pods, service_exists, precise, policy, admission.hold, admitted=admission.count)
+            # What this pass saw; only the job (its status folded from more logs) and stacks vary.
+            decide_now = functools.partial(
+                decide,
+                uid=uid,
+                pods=pods,
+                service_exists=service_exists,
+                now=precise,
+                policy=policy,
+                hold=admission.hold,
+                admitted=admission.count,
+            )
+            decision = decide_now(job)
             # decide may run twice more in this pass, each time on more of the pods' logs. Those
             # reads serve only a first decision that ends the attempt, and which one is due depends
             # on what it decided; reading them before every decision would read every rank's log
@@ -339,23 +351,11 @@ class Controller:
                 # it a crash after the job finished, not a restart (progress.py).
                 if text := await self.logs.rank0(key[0], state.reads, pods):
                     job = job.model_copy(update={"status": progress.fold(job.status or TrainingJobStatus(), text)})
-                    decision = decide(
-                        job, uid, pods, service_exists, precise, policy, admission.hold, admitted=admission.count
-                    )
+                    decision = decide_now(job)
                 # A stall: every rank's stacks name the one that hung (operator/forensics.py).
                 if forensics.wanted(job.status, decision.status):
                     stacks = await self.logs.stacks(key[0], job, pods)
-                    decision = decide(
-                        job,
-                        uid,
-                        pods,
-                        service_exists,
-                        precise,
-                        policy,
-                        admission.hold,
-                        stacks,
-                        admitted=admission.count,
-                    )
+                    decision = decide_now(job, stacks=stacks)
             else:
                 interval = self.settings.progress_interval_seconds
                 await self.logs.progress(key[0], state.reads, job, decision, pods, interval)
