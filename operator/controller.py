@@ -48,7 +48,6 @@ from kubetrain.operator import (
     refusal,
     timeline,
 )
-from kubetrain.operator.conditions import get_condition
 from kubetrain.operator.decision import Decision, Event, Policy, StaleView
 from kubetrain.operator.kube import ApiError, Conflict, Kube, Refused
 from kubetrain.operator.pods import PodView, parse_time
@@ -572,8 +571,7 @@ class Controller:
         """The attempt's gang mode (its GangScheduling condition) and the PodGroup API version that
         serves it now (discovery may have moved from v1alpha2 to v1beta1 with an upgrade: the
         object is the same, the pods name it by name)."""
-        recorded = get_condition(decision.status, podgroup.CONDITION)
-        mode = "none" if recorded is None else podgroup.attempt_mode(recorded.status, recorded.reason)
+        mode = podgroup.recorded_mode(decision.status)
         if mode == "none":
             return mode, None
         # An API gone since the attempt chose it: its first version, which the API server refuses.

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kubetrain.api import naming
-from kubetrain.api.models import TrainingJob, TrainingJobSpec
+from kubetrain.api.models import TrainingJob, TrainingJobSpec, TrainingJobStatus
+from kubetrain.operator.conditions import get_condition
 from kubetrain.operator.render import MANAGED_BY, owner_reference
 
 Mode = Literal["native", "coscheduling", "none"]
@@ -115,7 +116,7 @@ def choose(spec: TrainingJobSpec, served: frozenset[str]) -> Choice:
         # Another scheduler ignores kube-scheduler's PodGroup; it brings its own gang support.
         message = f"gang auto: schedulerName {spec.scheduler_name} places the pods, so no {api.api_version} PodGroup"
         return Choice("none", "OtherScheduler", message)
-    if spec.elastic is not None:  # the API's rules allow an elastic job only auto or none
+    if spec.elastic is not None:  # native (auto or asked for): the API's rules refuse coscheduling
         low = spec.elastic.min_nodes
         follows = (
             "it follows spec.elastic.minNodes"
@@ -129,6 +130,12 @@ def choose(spec: TrainingJobSpec, served: frozenset[str]) -> Choice:
         return Choice(mode, api.reason, message)
     size = "minCount" if mode == "native" else "minMember"
     return Choice(mode, api.reason, f"gang {asked}: a {api.api_version} PodGroup per attempt ({size} {spec.nodes})")
+
+
+def recorded_mode(status: TrainingJobStatus) -> Mode:
+    """The mode the GangScheduling condition recorded for the current attempt ("none" before any)."""
+    recorded = get_condition(status, CONDITION)
+    return "none" if recorded is None else attempt_mode(recorded.status, recorded.reason)
 
 
 def attempt_mode(condition_status: str, reason: str) -> Mode:
@@ -156,7 +163,7 @@ def min_count(job: TrainingJob) -> int:
 def render_podgroup(job: TrainingJob, namespace: str, uid: str, attempt: int, api: GroupApi) -> dict[str, Any]:
     """The attempt's PodGroup in `api` (a native version or coscheduling's), owned by the job."""
     if api in NATIVE_VERSIONS:
-        spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": min_count(job)}}}
+        spec: dict[str, Any] = _gang_spec(job)
         if job.spec.elastic is None:
             # Preempting one rank stops the whole gang anyway (a gang restart): let the
             # scheduler count the group as one victim. The API server drops the field (it
@@ -189,9 +196,13 @@ def stale_selector(uid: str, attempt: int) -> str:
     return f"{naming.LABEL_JOB_UID}={uid},{naming.LABEL_ATTEMPT}!={attempt}"
 
 
+def _gang_spec(job: TrainingJob) -> dict[str, Any]:
+    return {"schedulingPolicy": {"gang": {"minCount": min_count(job)}}}
+
+
 def min_count_patch(job: TrainingJob) -> dict[str, Any]:
     """The merge patch that sets a native PodGroup's minCount to the job's (v1beta1 takes it)."""
-    return {"spec": {"schedulingPolicy": {"gang": {"minCount": min_count(job)}}}}
+    return {"spec": _gang_spec(job)}
 
 
 def join(pod: dict[str, Any], podgroup: str, mode: Mode) -> dict[str, Any]:

@@ -56,9 +56,9 @@ async def create(
     return None
 
 
-async def follow_min_count(kube: Kube, job: TrainingJob, namespace: str, api: podgroup.GroupApi) -> bool:
-    """An elastic job's PodGroup given the job's minCount, where the version lets it change:
-    whether it now has it (or does not exist yet, and will be created with it)."""
+async def follow_min_count(kube: Kube, job: TrainingJob, namespace: str, api: podgroup.GroupApi) -> None:
+    """An elastic job's PodGroup given the job's minCount, where the version lets it change (one not
+    created yet is created with it)."""
     name = podgroup.podgroup_name(job, 0)
     try:
         await kube.merge_patch(api.api_version, namespace, api.plural, name, podgroup.min_count_patch(job))
@@ -71,5 +71,3 @@ async def follow_min_count(kube: Kube, job: TrainingJob, namespace: str, api: po
             api.api_version,
             refused.message,
         )
-        return False
-    return True

@@ -250,13 +250,25 @@ def _runtime(job: TrainingJob, container: dict[str, Any], pod_spec: dict[str, An
     site = RUNTIME_SITE
     env: list[dict[str, Any]] = container["env"]
     own = next((var for var in env if var["name"] == PYTHONPATH), None)
-    if own is None:
+    if own is None and _template_env_from(job):
+        # Kubernetes gives env precedence over envFrom, so ours would replace a PYTHONPATH that
+        # envFrom gives: it refers to it instead. The kubelet expands an env value against envFrom's
+        # variables and the env before it, its own name included (a name envFrom lacks stays as
+        # written: a path that is not there).
+        env.append({"name": PYTHONPATH, "value": f"{site}:$({PYTHONPATH})"})
+    elif own is None:
         env.append({"name": PYTHONPATH, "value": site})
     elif "value" in own:
         own["value"] = f"{site}:{own['value']}" if own["value"] else site
     else:  # valueFrom: known only in the pod, so referred to by name
         own["name"] = JOB_PYTHONPATH
         env.append({"name": PYTHONPATH, "value": f"{site}:$({JOB_PYTHONPATH})"})
+
+
+def _template_env_from(job: TrainingJob) -> bool:
+    """Whether the template's trainer container takes variables from envFrom sources."""
+    spec = job.spec.template.spec if job.spec.template else None
+    return spec is not None and any(container.env_from for container in spec.containers or [])
 
 
 def _runtime_resources(container: dict[str, Any]) -> dict[str, Any]:
@@ -463,14 +475,6 @@ def _merge_trainer(container: dict[str, Any], given: dict[str, Any]) -> None:
     if "envFrom" in given:
         # Kubernetes gives env precedence over envFrom: the contract cannot be overridden here.
         container["envFrom"] = given["envFrom"]
-        runtime = next(
-            (v for v in container["env"] if v["name"] == PYTHONPATH and v.get("value") == RUNTIME_SITE), None
-        )
-        if runtime is not None:
-            # The runtime's PYTHONPATH would replace one that envFrom gives: it refers to it instead.
-            # The kubelet expands an env value against envFrom's variables and the env before it,
-            # its own name included (a name envFrom lacks stays as written: a path that is not there).
-            runtime["value"] = f"{RUNTIME_SITE}:$({PYTHONPATH})"
 
 
 # Template pod-spec fields set as given: kubetrain renders none of them.

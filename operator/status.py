@@ -552,8 +552,7 @@ def _first_ranks(run: _Pass) -> list[int]:
     then in the quorum, never left waiting behind pods that took the capacity)."""
     spec = run.job.spec
     assert spec.elastic is not None
-    recorded = get_condition(run.status, podgroup.CONDITION)
-    grouped = recorded is not None and podgroup.attempt_mode(recorded.status, recorded.reason) != "none"
+    grouped = podgroup.recorded_mode(run.status) != "none"
     return list(range(spec.elastic.min_nodes)) if grouped else [0]
 
 
