@@ -3,7 +3,10 @@ place against a gang of a fixed size recreated, side by side in one invocation.
 
 `kubetrain run --local`, 3 nodes training digits (global batch 96, no periodic saves), node 2's
 process tree (its torchrun agent and its worker) SIGKILLed once the gang passed step KILL_STEP: the
-local stand-in for a pod lost with its node. Two variants, alternating within each pair of runs:
+local stand-in for a pod lost with its node. Once measured, the run is stopped with Ctrl-C (SIGINT,
+the stop vote saves the step it is at): the job is long enough that no load ends it before node 2
+is back (it once did in CI, and the benchmark waited for a growth that never came). Two
+variants, alternating within each pair of runs:
 
 - `elastic`: spec.elastic {minNodes: 2, scaleUpCooldownSeconds: 0}. The gang shrinks to 2 in place;
   node 2, started again, waits on standby and the gang grows back to 3 at its next step boundary.
@@ -25,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -40,6 +44,7 @@ import yaml
 
 from kubetrain.api.contract import LEDGER_ENV
 from kubetrain.api.records import records_in
+from kubetrain.local.result import EXIT_SIGNAL_BASE
 from kubetrain.trainer.ledger import read
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,6 +52,8 @@ KUBETRAIN = str(Path(sys.executable).parent / "kubetrain")
 RESULTS = ROOT / "benchmarks" / "results" / "elastic_resize.json"
 VARIANTS = ("elastic", "fixed")
 KILL_STEP = 60
+RUN_DEADLINE_S = 240  # per run, from its start to its stop (one takes ~30 s on 2 idle cores)
+STOP_S = 60
 
 
 def job(directory: Path, variant: str) -> Path:
@@ -55,7 +62,7 @@ def job(directory: Path, variant: str) -> Path:
         "env": [{"name": LEDGER_ENV, "value": str(directory / "ledger")}],
         "training": {
             "dataset": "digits",
-            "epochs": 30,
+            "epochs": 1000,  # never reached: stopped once measured
             "batchSize": 32,
             "globalBatchSize": 96,
             "seed": 5,
@@ -83,17 +90,35 @@ def _at(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-def _first_step(run_dir: Path, attempt_after: int, size: int | None, deadline: float) -> tuple[int, float]:
+def _first_step(
+    proc: subprocess.Popen[bytes], run_dir: Path, attempt_after: int, size: int | None, deadline: float
+) -> tuple[int, float]:
     """(attempt, time of its first step) of the first attempt after `attempt_after` that trains
     (at `size` nodes, when given), read from status.json as it changes."""
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and proc.poll() is None:
         status = _status(run_dir)
         line = status.get("timeline") or {}
         sized = size is None or status.get("size") == size
         if status.get("attempt", 0) > attempt_after and line.get("firstStepAt") and sized:
             return int(status["attempt"]), _at(line["firstStepAt"])
         time.sleep(0.02)
-    raise RuntimeError(f"{run_dir.name}: no attempt after {attempt_after} trained in time")
+    ended = "in time" if proc.poll() is None else f"before the run exited {proc.returncode}"
+    at = "" if size is None else f" at {size} nodes"
+    raise RuntimeError(f"no attempt after {attempt_after} trained{at} {ended}")
+
+
+def _where(run_dir: Path) -> str:
+    """What a failed run left: its status and the end of each node's log."""
+    status = _status(run_dir)
+    step, waiting = (status.get("progress") or {}).get("step"), (status.get("timeline") or {}).get("waitingOn")
+    lines = [
+        f"status: phase {status.get('phase')}, attempt {status.get('attempt')}, size {status.get('size')}, "
+        f"step {step}, waiting on {waiting!r}"
+    ]
+    for log in sorted(run_dir.glob("node-*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-6:]
+        lines += [f"--- {log.name}", *(line[:300] for line in tail)]
+    return "\n".join(lines)
 
 
 def _standby_time(run_dir: Path) -> float:
@@ -116,10 +141,10 @@ def run_once(directory: Path, variant: str, index: int) -> dict[str, Any]:
     )
     result: dict[str, Any] = {"variant": variant}
     try:
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + RUN_DEADLINE_S
         while ((_status(run_dir).get("progress") or {}).get("step") or 0) < KILL_STEP:
             if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"{variant} run {index} never reached step {KILL_STEP}")
+                raise RuntimeError(f"never reached step {KILL_STEP}")
             time.sleep(0.02)
         attempt = int(_status(run_dir)["attempt"])
         node2 = json.loads((run_dir / "pids.json").read_text())["pids"][2]
@@ -129,15 +154,18 @@ def run_once(directory: Path, variant: str, index: int) -> dict[str, Any]:
         for member in doomed:
             member.kill()
         if variant == "elastic":
-            shrunk, at = _first_step(run_dir, attempt, 2, deadline)
+            shrunk, at = _first_step(proc, run_dir, attempt, 2, deadline)
             result["shrink_s"] = round(at - killed, 3)
-            _, grown_at = _first_step(run_dir, shrunk, 3, deadline)
+            _, grown_at = _first_step(proc, run_dir, shrunk, 3, deadline)
             result["grow_s"] = round(grown_at - _standby_time(run_dir), 3)
         else:
-            _, at = _first_step(run_dir, attempt, None, deadline)
+            _, at = _first_step(proc, run_dir, attempt, None, deadline)
             result["recreate_s"] = round(at - killed, 3)
-        if proc.wait(timeout=600) != 0:
-            raise RuntimeError(f"{variant} run {index} exited {proc.returncode}")
+        proc.send_signal(signal.SIGINT)  # measured: Ctrl-C, which saves the step the gang is at
+        if proc.wait(timeout=STOP_S) != EXIT_SIGNAL_BASE + signal.SIGINT:
+            raise RuntimeError(f"stopped with Ctrl-C, it exited {proc.returncode}")
+    except (RuntimeError, subprocess.TimeoutExpired) as error:
+        raise RuntimeError(f"{variant} run {index}: {error}\n{_where(run_dir)}") from error
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -320,12 +320,14 @@ class Checkpointer:
         signal) is kept in its meta. An object-store save returns once staged, its upload goes
         on in the background; with `wait` (the default for reason "signal" or "final": the process
         may exit right after) it returns only once committed."""
-        self.last_step, self._last_time = step, time.monotonic()
         mine = rng_state(self.generators)
         ranks: list[Any] = [mine]
         if self.world_size > 1:
             ranks = [None] * self.world_size if self.rank == 0 else []
             dist.gather_object(mine, ranks if self.rank == 0 else None, dst=0)
+        # Only once the gather went through: a peer lost during it leaves the step unsaved, and
+        # the survivor's save (kubetrain.trainer.survivor) must not take it for saved.
+        self.last_step, self._last_time = step, time.monotonic()
         if self.rank != 0:
             return None
         payload, meta, epoch = self._package(state, ranks, reason, epoch)

@@ -294,6 +294,28 @@ def test_a_saved_or_resumed_step_is_not_due_again(monkeypatch: pytest.MonkeyPatc
     assert resumed.last_step == 20 and not resumed.due(20)
 
 
+def test_a_peer_lost_during_a_save_leaves_the_step_to_the_survivors_save(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Seen in the elastic benchmark: node 2 died while the gang gathered the epoch save's RNG
+    states; the save had marked its step saved first, so no survivor saved it and the gang
+    resumed 14 steps back."""
+    from kubetrain.trainer import survivor
+
+    def lost(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("[pair.cc:561] Connection closed by peer [127.0.0.1]:33989")
+
+    monkeypatch.setattr("kubetrain.trainer.checkpoint.dist.gather_object", lost)
+    for name in ("MASTER_ADDR", "MASTER_PORT", survivor.ENABLED_ENV):  # no store: no election
+        monkeypatch.delenv(name, raising=False)
+    ckpt = Checkpointer(tmp_path, rank=1, world_size=2, every_steps=10)
+    with pytest.raises(RuntimeError) as failed:
+        ckpt.save(84, {"step": 84}, reason="epoch")
+    assert ckpt.last_step is None and ckpt.due(90)
+    assert survivor.Survivor(rank=1).save(failed.value, ckpt, 84, {"step": 84})
+    assert [step for step, _ in complete_checkpoints(tmp_path)] == [84]
+
+
 def test_log_window_does_not_count_paused_time(monkeypatch: pytest.MonkeyPatch) -> None:
     from kubetrain.trainer.train import LogWindow
 
