@@ -6,7 +6,8 @@
     KUBETRAIN_FAULT="raise,rank=1,step=30"         ... raises (a Python exception: the trainer exits 1)
     KUBETRAIN_FAULT="hang,rank=1,step=30"          ... blocks forever outside any collective
     KUBETRAIN_FAULT="slow,rank=0,step=30,ms=500"   ... and every step after it takes 500 ms longer (a
-                                                   slow rank; the run still trains, and stays stoppable)
+                                                   slow rank; the run still trains, and stays stoppable;
+                                                   an attempt resumed past step 30 is slow from its first)
 
 A fault fires once per job: before firing, the rank writes a marker under
 `<checkpoint.dir>/.faults/`, and a later attempt that finds it trains on. (The checkpoint
@@ -125,7 +126,8 @@ class FaultPoint:
         if self.slowing:
             time.sleep(self.fault.ms / 1000)
             return
-        if step != self.fault.step:
+        # A slow rank stays slow in an attempt that resumed past its step (once=false).
+        if step != self.fault.step and not (self.fault.kind == "slow" and step > self.fault.step):
             return
         fault = self.fault
         if fault.kind == "slow":

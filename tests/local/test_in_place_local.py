@@ -19,6 +19,7 @@ pytestmark = pytest.mark.train
 # the last save before the death was step 22's.
 JOB = {"epochs": 3, "logEverySteps": 5}
 FAULT = "kill,rank=1,step=30"
+SURVIVOR_WORDS = ("peer", "survivor", "killing", "on their own", "arm", "Error", "ordered", "failure")
 PIDS = re.compile(r"\[kubetrain\] attempt (\d+): node-0 pid (\d+), node-1 pid (\d+)")
 
 
@@ -55,10 +56,20 @@ def test_a_crashed_worker_restarts_the_gang_in_place_with_the_same_agents_and_we
 
     metrics = records(run_dir)
     resumed = [r for r in metrics if r["event"] == "resume"]
-    assert [r["step"] for r in resumed] == [30] and resumed[0]["attempt"] == 1
+    assert [r["step"] for r in resumed] == [30] and resumed[0]["attempt"] == 1, _survivor_lines(run_dir)
     assert [r["reason"] for r in metrics if r["event"] == "checkpoint" and r["step"] == 30] == ["peer_lost"]
 
     expected, got = final_state(tmp_path / "reference")["state"]["model"], final_state(run_dir)["state"]["model"]
     assert expected.keys() == got.keys()
     for name, tensor in expected.items():
         assert torch.equal(tensor, got[name]), f"{name} differs from the uninterrupted run"
+
+
+def _survivor_lines(run_dir: Path) -> str:
+    """What the nodes said around the failure (the survivor's save, the agents' waits and kills):
+    enough to tell, from a CI log alone, why step 30 was not saved."""
+    said = []
+    for log in sorted(run_dir.glob("node-*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        said += [f"{log.name}: {line[:400]}" for line in lines if any(k in line for k in SURVIVOR_WORDS)]
+    return "\n".join(said[-40:])

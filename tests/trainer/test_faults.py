@@ -75,3 +75,18 @@ def test_a_slow_rank_sleeps_after_every_step_from_its_step_on(tmp_path: Path, mo
     for step in range(1, 6):
         point.reached(step)
     assert naps == [0.25, 0.25, 0.25]  # steps 3, 4 and 5
+
+
+def test_a_slow_rank_resumed_past_its_step_is_slow_from_its_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    naps: list[float] = []
+    monkeypatch.setattr("kubetrain.trainer.faults.time.sleep", naps.append)
+    point = FaultPoint.from_env(0, tmp_path, {"KUBETRAIN_FAULT": "slow,rank=0,step=3,ms=250,once=false"})
+    for step in range(8, 10):
+        point.reached(step)
+    assert naps == [0.25, 0.25]
+    # Once (the default): a later attempt finds the marker and trains at full speed.
+    again = FaultPoint.from_env(0, tmp_path, {"KUBETRAIN_FAULT": "slow,rank=0,step=3,ms=250"})
+    again.reached(9)
+    assert naps == [0.25, 0.25]
