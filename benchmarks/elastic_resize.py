@@ -11,7 +11,10 @@ variants, alternating within each pair of runs:
 - `elastic`: spec.elastic {minNodes: 2, scaleUpCooldownSeconds: 0}. The gang shrinks to 2 in place;
   node 2, started again, waits on standby and the gang grows back to 3 at its next step boundary.
   shrink_s = the kill -> the first step at 2; grow_s = node 2's agent on standby (its `standby`
-  record: capacity back) -> the first step at 3.
+  record: capacity back) -> the first step at 3; grow_stall_s = the gang's last step at 2 -> its
+  first at 3 (what the growth costs the training: the gang trains on at 2 until it is ordered).
+  A node on standby imports its workers' modules before it announces itself, so both start
+  after that import.
 - `fixed`: the same job without a range (what every job did before): the lost node recreates the
   whole gang. recreate_s = the kill -> the first step of the recreated gang.
 
@@ -86,25 +89,47 @@ def _status(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
-def _at(value: str) -> float:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+class Rank0Log:
+    """Rank 0's records (node 0's log), read on as the run writes them. Read from the log and not
+    from status.json: an attempt may train for less than a poll of the status (node 2 back on
+    standby before the smaller gang's first step: it grows at once, the cool-down being 0)."""
 
+    def __init__(self, run_dir: Path) -> None:
+        self.path, self.offset = run_dir / "node-0.log", 0
+        self.records: list[dict[str, Any]] = []
 
-def _first_step(
-    proc: subprocess.Popen[bytes], run_dir: Path, attempt_after: int, size: int | None, deadline: float
-) -> tuple[int, float]:
-    """(attempt, time of its first step) of the first attempt after `attempt_after` that trains
-    (at `size` nodes, when given), read from status.json as it changes."""
-    while time.monotonic() < deadline and proc.poll() is None:
-        status = _status(run_dir)
-        line = status.get("timeline") or {}
-        sized = size is None or status.get("size") == size
-        if status.get("attempt", 0) > attempt_after and line.get("firstStepAt") and sized:
-            return int(status["attempt"]), _at(line["firstStepAt"])
-        time.sleep(0.02)
-    ended = "in time" if proc.poll() is None else f"before the run exited {proc.returncode}"
-    at = "" if size is None else f" at {size} nodes"
-    raise RuntimeError(f"no attempt after {attempt_after} trained{at} {ended}")
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as log:
+                log.seek(self.offset)
+                data = log.read()
+        except OSError:
+            return self.records
+        whole = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next read
+        self.offset += len(whole)
+        self.records += records_in(whole.decode(errors="replace"))
+        return self.records
+
+    def first_step(
+        self, proc: subprocess.Popen[bytes], attempt_after: int, size: int | None, deadline: float
+    ) -> tuple[int, float]:
+        """(attempt, time of its first step) of the first attempt after `attempt_after` that
+        trained (at `size` nodes, when given)."""
+        while time.monotonic() < deadline and proc.poll() is None:
+            records = self.read()
+            sizes = {r.get("attempt"): r.get("world_size") for r in records if r["event"] == "start"}
+            for r in records:
+                attempt = r.get("attempt", 0)
+                if r["event"] == "step" and attempt > attempt_after and size in (None, sizes.get(attempt)):
+                    return int(attempt), float(r["time"])
+            time.sleep(0.05)
+        ended = "in time" if proc.poll() is None else f"before the run exited {proc.returncode}"
+        at = "" if size is None else f" at {size} nodes"
+        raise RuntimeError(f"no attempt after {attempt_after} trained{at} {ended}")
+
+    def last_step(self, attempt: int) -> float:
+        """When rank 0 logged its last step of `attempt` (every step is logged)."""
+        return max(float(r["time"]) for r in self.read() if r["event"] == "step" and r.get("attempt") == attempt)
 
 
 def _where(run_dir: Path) -> str:
@@ -153,13 +178,15 @@ def run_once(directory: Path, variant: str, index: int) -> dict[str, Any]:
         killed = time.time()
         for member in doomed:
             member.kill()
+        rank0 = Rank0Log(run_dir)
         if variant == "elastic":
-            shrunk, at = _first_step(proc, run_dir, attempt, 2, deadline)
+            shrunk, at = rank0.first_step(proc, attempt, 2, deadline)
             result["shrink_s"] = round(at - killed, 3)
-            _, grown_at = _first_step(proc, run_dir, shrunk, 3, deadline)
+            _, grown_at = rank0.first_step(proc, shrunk, 3, deadline)
             result["grow_s"] = round(grown_at - _standby_time(run_dir), 3)
+            result["grow_stall_s"] = round(grown_at - rank0.last_step(shrunk), 3)
         else:
-            _, at = _first_step(proc, run_dir, attempt, None, deadline)
+            _, at = rank0.first_step(proc, attempt, None, deadline)
             result["recreate_s"] = round(at - killed, 3)
         proc.send_signal(signal.SIGINT)  # measured: Ctrl-C, which saves the step the gang is at
         if proc.wait(timeout=STOP_S) != EXIT_SIGNAL_BASE + signal.SIGINT:
@@ -185,6 +212,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "median_shrink_s": shrink,
         "median_grow_s": grow,
+        "median_grow_stall_s": median("elastic", "grow_stall_s"),
         "median_recreate_s": recreate,
         "steps_lost": {v: [r["steps_lost"] for r in runs if r["variant"] == v] for v in VARIANTS},
         "ratio_shrink_over_recreate": round(shrink / recreate, 3),

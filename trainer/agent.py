@@ -308,6 +308,7 @@ class InPlace:
         self.run_id: str | None = None  # the rendezvous's own, before any attempt's
         self.store: Any = None  # node 0's store, for an elastic gang's gathering (`_gang_store`)
         self.preloaded = False
+        self.group: Any = None  # torchrun's worker group, from its first rendezvous on (`patch_agent`)
         self.oom_kills = 0
         self.exits = ExitTimes()
 
@@ -317,11 +318,17 @@ class InPlace:
         # torchrun's restart count becomes the attempt: the same on every node of the gang.
         torch_private.set_remaining_restarts(agent, group.spec.max_restarts - self.attempt)
         os.environ[ATTEMPT_ENV] = str(self.attempt)
+        self.preload(group)
+        self.oom_kills = oom_kills()
+
+    def preload(self, group: Any) -> None:
+        """Import the workers' modules into the agent once (trainer/warmstart.py): before their
+        first start, or on standby, where a node joining an elastic gang would otherwise import
+        them while the gang waits for it."""
         if not self.preloaded:
             self.preloaded = True
             took = warmstart.preload([group.spec.entrypoint, *map(str, group.spec.args)])
             log.info("workers' modules preloaded into the agent in %.2f s", took)
-        self.oom_kills = oom_kills()
 
     def after_start(self, group: Any, pids: dict[int, Any]) -> None:
         # `pids` (local rank -> pid) is what torch's _start_workers returns; it sets the workers'
@@ -451,6 +458,8 @@ class InPlace:
             if members is not None and self.node in members:
                 return members
             if members is not None and announced != self.attempt:
+                if self.group is not None:
+                    self.preload(self.group)  # on standby: before it is Ready to join
                 announced = self.attempt
                 self.port.ready = True
                 emit("standby", attempt=self.attempt, node=self.node)
@@ -685,6 +694,13 @@ def patch_agent(module: ModuleType) -> None:
 
         return _start_workers
 
+    def wrap_initialize(initialize: Callable[..., Any]) -> Callable[..., Any]:
+        def _initialize_workers(self: Any, worker_group: Any) -> Any:
+            _state(self).group = worker_group  # before the rendezvous, where a node may wait on standby
+            return torch_private.initialize_workers(self, worker_group, initialize)
+
+        return _initialize_workers
+
     def wrap_monitor(monitor: Callable[..., Any]) -> Callable[..., Any]:
         def _monitor_workers(self: Any, worker_group: Any) -> Any:
             def poll() -> Any:
@@ -702,9 +718,10 @@ def patch_agent(module: ModuleType) -> None:
         return _monitor_workers
 
     torch_private.usable(torch_private.KILL_AT_ONCE, module)  # a fallback said at start-up, not at the first stop
-    # Both or neither: `patch` checks every name of the feature before the first.
+    # All or none: `patch` checks every name of the feature before the first.
     if torch_private.patch(module, torch_private.IN_PLACE, torch_private.START_WORKERS, wrap_start):
         torch_private.patch(module, torch_private.IN_PLACE, torch_private.MONITOR_WORKERS, wrap_monitor)
+        torch_private.patch(module, torch_private.IN_PLACE, torch_private.INITIALIZE_WORKERS, wrap_initialize)
 
 
 NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"

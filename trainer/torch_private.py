@@ -77,7 +77,7 @@ NUM_MEMBERS = Private(STORE_UTILS, None, "_NUM_MEMBERS", "constant")
 
 START_WORKERS = Private(LOCAL_AGENT, "LocalElasticAgent", "_start_workers", "method", ("worker_group",), True)
 MONITOR_WORKERS = Private(LOCAL_AGENT, "LocalElasticAgent", "_monitor_workers", "method", ("worker_group",), True)
-INITIALIZE_WORKERS = Private(LOCAL_AGENT, "LocalElasticAgent", "_initialize_workers", "method", ("worker_group",))
+INITIALIZE_WORKERS = Private(LOCAL_AGENT, "LocalElasticAgent", "_initialize_workers", "method", ("worker_group",), True)
 STOP_WORKERS = Private(LOCAL_AGENT, "LocalElasticAgent", "_stop_workers", "method", ("worker_group",))
 SHUTDOWN = Private(LOCAL_AGENT, "LocalElasticAgent", "_shutdown", "method", ("death_sig", "timeout"))
 REMAINING_RESTARTS = Private(AGENT_API, "SimpleElasticAgent", "_remaining_restarts", "attribute")
@@ -315,8 +315,12 @@ def monitor_workers(original: Callable[..., Any], agent: Any, group: Any) -> Any
     return original(agent, worker_group=group)
 
 
-def initialize_workers(agent: Any, group: Any) -> None:
-    agent._initialize_workers(worker_group=group)
+def initialize_workers(agent: Any, group: Any, original: Callable[..., Any] | None = None) -> None:
+    """The agent's rendezvous and worker start (`original`: torch's own, from a wrapper of it)."""
+    if original is None:
+        agent._initialize_workers(worker_group=group)
+    else:
+        original(agent, worker_group=group)
 
 
 def set_remaining_restarts(agent: Any, remaining: int) -> None:

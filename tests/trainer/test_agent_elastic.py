@@ -97,6 +97,30 @@ def test_a_node_outside_the_gang_waits_on_standby_until_an_attempt_names_it(
     assert (one.attempt, rendezvous.rank, rendezvous.world_size) == (3, 1, 3)
 
 
+@pytest.mark.timeout(60)
+def test_a_node_on_standby_preloads_its_workers_modules_before_it_turns_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that joins a gang later imports its workers' modules while it waits, not while the
+    gang waits for it (the grow's stall): once, before it is Ready."""
+    one = _agent(tmp_path, monkeypatch, 1, 2, [0, 2])
+    one.group = SimpleNamespace(spec=SimpleNamespace(entrypoint="python3", args=("-m", "kubetrain.trainer")))
+    preloads: list[tuple[list[str], bool]] = []
+    monkeypatch.setattr(agent.warmstart, "preload", lambda args: preloads.append((args, one.port.ready)) or 0.0)
+    joined = threading.Thread(target=one.join, args=(_rendezvous(1),), daemon=True)
+    joined.start()
+    deadline = time.monotonic() + 30
+    while not one.port.ready and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert preloads == [(["python3", "-m", "kubetrain.trainer"], False)]
+    (tmp_path / "node-1" / "members").write_text(format_members(3, [0, 1, 2]))
+    (tmp_path / "node-1" / "attempt").write_text("3")
+    joined.join(timeout=30)
+    monkeypatch.setattr(agent.torch_private, "set_remaining_restarts", lambda *args: None)
+    one.before_start(SimpleNamespace(), SimpleNamespace(spec=SimpleNamespace(max_restarts=3, **vars(one.group.spec))))
+    assert len(preloads) == 1, "not again at the first start"
+
+
 def test_an_attempt_without_its_members_is_not_taken_yet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The attempt file names attempt 5, but the members file still holds attempt 4's: an elastic
     agent waits for the members that come with it rather than meet a gang of the wrong size."""
