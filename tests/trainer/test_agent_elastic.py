@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from support.stores import Store
 
-from kubetrain.api.contract import format_members, order_signature, parse_members
+from kubetrain.api.contract import ATTEMPT_ENV, format_members, order_signature, parse_members
 from kubetrain.trainer import agent
 from kubetrain.trainer.agent import InPlace
 
@@ -117,6 +117,7 @@ def test_a_node_on_standby_preloads_its_workers_modules_before_it_turns_ready(
     (tmp_path / "node-1" / "attempt").write_text("3")
     joined.join(timeout=30)
     monkeypatch.setattr(agent.torch_private, "set_remaining_restarts", lambda *args: None)
+    monkeypatch.setenv(ATTEMPT_ENV, "3")  # before_start sets it: restored after the test, not leaked
     one.before_start(SimpleNamespace(), SimpleNamespace(spec=SimpleNamespace(max_restarts=3, **vars(one.group.spec))))
     assert len(preloads) == 1, "not again at the first start"
 
