@@ -308,10 +308,10 @@ def test_a_peer_lost_during_a_save_leaves_the_step_to_the_survivors_save(
     monkeypatch.setattr("kubetrain.trainer.checkpoint.dist.gather_object", lost)
     for name in ("MASTER_ADDR", "MASTER_PORT", survivor.ENABLED_ENV):  # no store: no election
         monkeypatch.delenv(name, raising=False)
-    ckpt = Checkpointer(tmp_path, rank=1, world_size=2, every_steps=10)
+    ckpt = Checkpointer(tmp_path, rank=1, world_size=2)
     with pytest.raises(RuntimeError) as failed:
         ckpt.save(84, {"step": 84}, reason="epoch")
-    assert ckpt.last_step is None and ckpt.due(90)
+    assert ckpt.last_step is None, "not saved: the gather failed"
     assert survivor.Survivor(rank=1).save(failed.value, ckpt, 84, {"step": 84})
     assert [step for step, _ in complete_checkpoints(tmp_path)] == [84]
 
