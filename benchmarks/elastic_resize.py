@@ -97,6 +97,7 @@ class Rank0Log:
     def __init__(self, run_dir: Path) -> None:
         self.path, self.offset = run_dir / "node-0.log", 0
         self.records: list[dict[str, Any]] = []
+        self.sizes: dict[int, int] = {}  # attempt -> its world size, from its `start` record
 
     def read(self) -> list[dict[str, Any]]:
         try:
@@ -107,7 +108,9 @@ class Rank0Log:
             return self.records
         whole = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next read
         self.offset += len(whole)
-        self.records += records_in(whole.decode(errors="replace"))
+        new = records_in(whole.decode(errors="replace"))
+        self.sizes.update((int(r["attempt"]), int(r["world_size"])) for r in new if r["event"] == "start")
+        self.records += new
         return self.records
 
     def first_step(
@@ -115,13 +118,14 @@ class Rank0Log:
     ) -> tuple[int, float]:
         """(attempt, time of its first step) of the first attempt after `attempt_after` that
         trained (at `size` nodes, when given)."""
+        scanned = 0  # each poll looks at the records it has not seen: it runs beside the measured run
         while time.monotonic() < deadline and proc.poll() is None:
             records = self.read()
-            sizes = {r.get("attempt"): r.get("world_size") for r in records if r["event"] == "start"}
-            for r in records:
+            for r in records[scanned:]:
                 attempt = r.get("attempt", 0)
-                if r["event"] == "step" and attempt > attempt_after and size in (None, sizes.get(attempt)):
+                if r["event"] == "step" and attempt > attempt_after and size in (None, self.sizes.get(attempt)):
                     return int(attempt), float(r["time"])
+            scanned = len(records)
             time.sleep(0.05)
         ended = "in time" if proc.poll() is None else f"before the run exited {proc.returncode}"
         at = "" if size is None else f" at {size} nodes"
