@@ -23,7 +23,7 @@ from typing import Any
 
 import fastjsonschema
 
-KUBERNETES_VERSION = "v1.36.3"
+KUBERNETES_VERSION = "v1.37.2"
 SNAPSHOT = Path(__file__).parent / "k8s" / f"core-v1-{KUBERNETES_VERSION}.json"
 SOURCE = "/openapi/v3/api/v1"
 

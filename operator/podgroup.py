@@ -7,8 +7,8 @@ gang policy (minCount = nodes) and every pod of the attempt names it in
 `spec.schedulingGroup.podGroupName`; kube-scheduler then binds all of the attempt's pods or none,
 so two jobs competing for the same nodes never both sit half-placed holding accelerators. Neither
 version is on by default: the API server serves it with `--runtime-config=<version>=true` and the
-GenericWorkload feature gate, and kube-scheduler enforces it with GenericWorkload and
-GangScheduling.
+GenericWorkload feature gate, and kube-scheduler enforces it with GenericWorkload (on 1.36 also
+GangScheduling, a gate 1.37 folded into GenericWorkload).
 
 An elastic job (spec.elastic) gets one PodGroup for its whole life instead, with minCount =
 minNodes: kube-scheduler places its first minNodes pods together or none of them, and every pod
@@ -64,7 +64,10 @@ ALL_APIS = (*NATIVE_VERSIONS, COSCHEDULING)
 MUTABLE_MIN_COUNT = frozenset({NATIVE_BETA.api_version})
 # How each version says "disrupt the group as one": v1alpha2's enum, v1beta1's one-of union.
 DISRUPT_TOGETHER: dict[str, Any] = {NATIVE_ALPHA.api_version: "PodGroup", NATIVE_BETA.api_version: {"all": {}}}
-FEATURE_GATES = ("GenericWorkload", "GangScheduling")
+# The gates that turn the native PodGroup on: 1.37's one (the scheduler's GangScheduling plugin
+# comes with it), and 1.36's two. A gate a version does not know stops its components at start.
+FEATURE_GATES = ("GenericWorkload",)
+FEATURE_GATES_1_36 = ("GenericWorkload", "GangScheduling")
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 DEFAULT_SCHEDULER = "default-scheduler"
 # The job condition that records the mode chosen for the current attempt: the controller
@@ -75,8 +78,9 @@ NOT_SERVED = {
     "native": (
         f"neither {NATIVE_BETA.api_version} nor {NATIVE_ALPHA.api_version} PodGroup is served by this cluster "
         f"(it needs the API server's --runtime-config={NATIVE_BETA.api_version}=true, or "
-        f"{NATIVE_ALPHA.api_version}=true before Kubernetes 1.37, and the feature gates "
-        f"{'=true,'.join(FEATURE_GATES)}=true on the API server, kube-controller-manager and kube-scheduler)"
+        f"{NATIVE_ALPHA.api_version}=true before Kubernetes 1.37, and the feature gate "
+        f"{'=true,'.join(FEATURE_GATES)}=true, {'=true,'.join(FEATURE_GATES_1_36)}=true before 1.37, "
+        "on the API server, kube-controller-manager and kube-scheduler)"
     ),
     "coscheduling": (
         f"{COSCHEDULING.api_version} PodGroup is not served by this cluster (install the scheduler-plugins "
@@ -166,8 +170,8 @@ def render_podgroup(job: TrainingJob, namespace: str, uid: str, attempt: int, ap
         spec: dict[str, Any] = _gang_spec(job)
         if job.spec.elastic is None:
             # Preempting one rank stops the whole gang anyway (a gang restart): let the
-            # scheduler count the group as one victim. The API server drops the field (it
-            # stores the default, one pod) unless the WorkloadAwarePreemption gate is on.
+            # scheduler count the group as one victim. 1.37 stores it as written; 1.36 dropped it
+            # (storing the default, one pod) unless the WorkloadAwarePreemption gate was on.
             spec["disruptionMode"] = DISRUPT_TOGETHER[api.api_version]
     else:
         spec = {"minMember": min_count(job)}

@@ -26,12 +26,18 @@
 set -euo pipefail
 
 # --- pinned versions: the only place they are written ---------------------------------------
-K8S_VERSION=v1.36.3
-# k8s.io/kubernetes v1.36.x's go.mod says "go 1.26.0": build with a 1.26 toolchain. A newer Go
-# changes JSON defaults and kube-apiserver then serves OpenAPI that kubectl cannot read.
+# The control plane: 1.37 serves the gang objects as scheduling.k8s.io/v1beta1, with the
+# PodGroup's minCount mutable (what elastic jobs use).
+K8S_VERSION=v1.37.2
+# The real node's kubelet stays one minor behind: kubelet 1.37 wants containerd >= 2.0 and
+# Debian bookworm's is 1.6. The version-skew policy lets a kubelet run up to three minors
+# older than its apiserver.
+KUBELET_VERSION=v1.36.3
+# k8s.io/kubernetes v1.36.x's and v1.37.x's go.mod say "go 1.26.0": build with a 1.26 toolchain.
+# A newer Go changes JSON defaults and kube-apiserver then serves OpenAPI that kubectl cannot read.
 GO_TOOLCHAIN=go1.26.8
 # etcd is not pinned separately: it is built from go.etcd.io/etcd/server/v3 at the version
-# k8s.io/kubernetes itself requires (v3.6.8 for v1.36.3), the etcd Kubernetes is tested with.
+# k8s.io/kubernetes itself requires (v3.7.0 for v1.37.2), the etcd Kubernetes is tested with.
 HELM_VERSION=v3.22.0
 # Kubeflow Training Operator (github.com/kubeflow/training-operator, commit c77ee3ff). The proxy's
 # version list shows only v1.8.1, but the exact version resolves. Its go.mod says "go 1.23" and has
@@ -55,7 +61,7 @@ KUBEFLOW_DIR=$CACHE/kubeflow-training-operator-$KUBEFLOW_VERSION
 KUBEFLOW_MODULE=github.com/kubeflow/training-operator
 KUEUE_DIR=$CACHE/kueue-$KUEUE_VERSION
 KUEUE_MODULE=sigs.k8s.io/kueue
-NODE_DIR=$CACHE/node-$K8S_VERSION
+NODE_DIR=$CACHE/node-$KUBELET_VERSION
 COREDNS_DIR=$CACHE/coredns-$COREDNS_VERSION
 # Debian packages of the real node: its runtime, pod network, apiserver relay and firewall tools.
 NODE_PACKAGES=(containerd runc containernetworking-plugins socat iptables gcc libc6-dev)
@@ -88,21 +94,23 @@ go_env() {
 
 # Without these the binaries report v0.0.0-master, which kubectl and helm's kubeVersion checks
 # would see as the server version (and the kubelet would report to the Node object).
+# $1: the Kubernetes version built.
 k8s_ldflags() {
-  local minor=${K8S_VERSION#v1.} ldflags="-s -w" pkg
+  local version=$1 minor=${1#v1.} ldflags="-s -w" pkg
   minor=${minor%%.*}
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.gitCommit="
   done
   echo "$ldflags"
 }
 
 # The wrapper module every k8s.io/kubernetes binary is built from (gowrapper/go.mod.in).
+# $1: the Kubernetes version built.
 k8s_wrapper_module() {
-  local src=$CACHE/build-k8s-$K8S_VERSION
+  local src=$CACHE/build-k8s-$1
   mkdir -p "$src"
-  sed -e "s/@K8S_VERSION@/$K8S_VERSION/" -e "s/@STAGING_VERSION@/v0.${K8S_VERSION#v1.}/" \
+  sed -e "s/@K8S_VERSION@/$1/" -e "s/@STAGING_VERSION@/v0.${1#v1.}/" \
     "$HERE/gowrapper/go.mod.in" >"$src/go.mod"
   echo "$src"
 }
@@ -124,11 +132,11 @@ build_k8s() {
   fi
   local go src ldflags
   go=$(find_go)
-  src=$(k8s_wrapper_module)
+  src=$(k8s_wrapper_module "$K8S_VERSION")
   mkdir -p "$K8S_DIR"
   log "building ${K8S_BINARIES[*]} from k8s.io/kubernetes@$K8S_VERSION with $GO_TOOLCHAIN"
   log "cold: 11 CPU-minutes (~14 min on 2 busy cores) and ~3.5 GB of Go build cache; cached: seconds"
-  ldflags=$(k8s_ldflags)
+  ldflags=$(k8s_ldflags "$K8S_VERSION")
   (
     cd "$src"
     go_env "$go" mod download k8s.io/kubernetes
@@ -229,20 +237,20 @@ install_node_packages() {
   fi
 }
 
-# kubelet (same toolchain, wrapper module and version ldflags as the control plane, so it reports
-# $K8S_VERSION) and the pause binary every pod sandbox runs: k8s.io/kubernetes's own
+# kubelet (same toolchain, wrapper module and version ldflags as the control plane, at
+# $KUBELET_VERSION, which it reports) and the pause binary every pod sandbox runs: k8s.io/kubernetes's own
 # build/pause/linux/pause.c, static, so that a FROM-scratch image holds it alone.
 build_node() {
   if [ -f "$NODE_DIR/.complete" ]; then
-    log "kubelet and pause $K8S_VERSION cached in $NODE_DIR"
+    log "kubelet and pause $KUBELET_VERSION cached in $NODE_DIR"
     return
   fi
   local go src mod
   go=$(find_go)
-  src=$(k8s_wrapper_module)
+  src=$(k8s_wrapper_module "$KUBELET_VERSION")
   mkdir -p "$NODE_DIR"
-  log "building kubelet from k8s.io/kubernetes@$K8S_VERSION (warm Go cache: ~1 min, cold: ~5 min)"
-  (cd "$src" && go_env "$go" build -trimpath -ldflags "$(k8s_ldflags)" -o "$NODE_DIR/" k8s.io/kubernetes/cmd/kubelet)
+  log "building kubelet from k8s.io/kubernetes@$KUBELET_VERSION (cold: ~5 min)"
+  (cd "$src" && go_env "$go" build -trimpath -ldflags "$(k8s_ldflags "$KUBELET_VERSION")" -o "$NODE_DIR/" k8s.io/kubernetes/cmd/kubelet)
   mod=$(cd "$src" && go_env "$go" list -m -f '{{.Dir}}' k8s.io/kubernetes)
   # The image tag the pause Makefile gives it; node.py tags the sandbox image with it.
   sed -n 's/^TAG ?= *//p' "$mod/build/pause/Makefile" >"$NODE_DIR/pause.version"

@@ -17,6 +17,7 @@ global batches: kubetrain.trainer.cursor.GlobalBatches, the same at every size).
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -83,7 +84,20 @@ def _step(job: dict[str, Any]) -> int:
     return int(((job.get("status") or {}).get("progress") or {}).get("step") or 0)
 
 
+class Phases:
+    """When each stage was reached and at which step, printed as it goes: where the test's minutes
+    went, and how many steps the job had to spare (TRAINING's epochs are sized from it)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def __call__(self, what: str, job: dict[str, Any]) -> dict[str, Any]:
+        print(f"[{time.monotonic() - self.t0:6.1f} s] {what}: step {_step(job)}", flush=True)
+        return job
+
+
 def test_an_elastic_gang_trains_on_the_nodes_there_are(jobs: RealJobs) -> None:
+    reached = Phases()
     _capacity(jobs, 2)
     volume = jobs.node.hostpath_volume(NAME)
     manifest = job_manifest(NAME, NAMESPACE, overlay=jobs.overlay, training=TRAINING, checkpoint_steps=1_000_000)
@@ -96,7 +110,7 @@ def test_an_elastic_gang_trains_on_the_nodes_there_are(jobs: RealJobs) -> None:
 
     # Capacity for 2: the gang is 2 of 2-3, node 0 and whichever pod got the other slot; the third
     # pod waits for a node.
-    job = jobs.wait(NAME, _training_at(2, 10), "training at 2", 600)
+    job = reached("training at 2", jobs.wait(NAME, _training_at(2, 10), "training at 2", 600))
     members = job["status"]["members"]
     assert len(members) == 2 and members[0] == 0 and job["status"]["restarts"] == 0, job["status"]
     pending = [p["metadata"]["name"] for p in jobs.pod_objects(NAME) if p["status"].get("phase") == "Pending"]
@@ -107,21 +121,21 @@ def test_an_elastic_gang_trains_on_the_nodes_there_are(jobs: RealJobs) -> None:
 
     # Capacity 3: it grows to 3 in place.
     _capacity(jobs, 3)
-    job = jobs.wait(NAME, _training_at(3, _step(job)), "grown to 3", 300)
+    job = reached("grown to 3", jobs.wait(NAME, _training_at(3, _step(job)), "grown to 3", 300))
     assert _uids(jobs) == first, "no pod's UID changed"
     assert job["status"]["restarts"] == 0
 
     # Capacity 2, node 2's pod evicted: it shrinks to 2 and trains on.
     _capacity(jobs, 2)
     _evict(jobs, f"{NAME}-node-2")
-    job = jobs.wait(NAME, _training_at(2, _step(job)), "shrunk to 2", 300)
+    job = reached("shrunk to 2", jobs.wait(NAME, _training_at(2, _step(job)), "shrunk to 2", 300))
     assert (job["status"]["restarts"], job["status"]["members"]) == (0, [0, 1])
     kept = {name: uid for name, uid in first.items() if name != f"{NAME}-node-2"}
     assert {name: uid for name, uid in _uids(jobs).items() if name in kept} == kept, "the others' pods stayed"
 
     # Capacity 3 again: back to 3.
     _capacity(jobs, 3)
-    job = jobs.wait(NAME, _training_at(3, _step(job)), "grown back to 3", 300)
+    job = reached("grown back to 3", jobs.wait(NAME, _training_at(3, _step(job)), "grown back to 3", 300))
     assert job["status"]["restarts"] == 0
 
     # Capacity 1 and two pods evicted: below the minimum, the job waits without failing.
@@ -133,7 +147,7 @@ def test_an_elastic_gang_trains_on_the_nodes_there_are(jobs: RealJobs) -> None:
         below = next((c for c in job["status"].get("conditions") or [] if c["type"] == "BelowMinNodes"), None)
         return job if below is not None and below["status"] == "True" and job["status"].get("size") == 0 else None
 
-    job = jobs.wait(NAME, waiting, "waiting below the minimum", 300)
+    job = reached("waiting below the minimum", jobs.wait(NAME, waiting, "waiting below the minimum", 300))
     waited_at = _step(job)
     assert job["status"]["restarts"] == 0 and job["status"].get("phase") != "Failed"
 
@@ -144,7 +158,7 @@ def test_an_elastic_gang_trains_on_the_nodes_there_are(jobs: RealJobs) -> None:
         done = next((c for c in job["status"].get("conditions") or [] if c["type"] == "Succeeded"), None)
         return job if done is not None and done["status"] == "True" else None
 
-    job = jobs.wait(NAME, succeeded, "Succeeded", 900)
+    job = reached("Succeeded", jobs.wait(NAME, succeeded, "Succeeded", 900))
     status = job["status"]
     assert (status["restarts"], status["uncountedRestarts"]) == (0, 0), status
     sizes = [(r["fromSize"], r["toSize"]) for r in status["resizes"]]

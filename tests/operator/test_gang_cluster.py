@@ -1,5 +1,5 @@
-"""Gang scheduling on the real kube-scheduler (spec.scheduling.gang): its own control plane with
-the scheduler and the GenericWorkload / GangScheduling gates, and three fake Nodes of one
+"""Gang scheduling on the real kube-scheduler (spec.scheduling.gang): its own control plane (1.37)
+with the scheduler, the GenericWorkload gate and scheduling.k8s.io/v1beta1, and three fake Nodes of one
 allocatable CPU each, so capacity is three one-CPU pods. The scheduler binds the pods; the
 FakeKubelet only writes their status (Running, Succeeded)."""
 
@@ -41,7 +41,7 @@ def gang_plane() -> Iterator[ControlPlane]:
     one-CPU Nodes."""
     gates = dict.fromkeys(podgroup.FEATURE_GATES, True)
     with control_plane(
-        scheduler=True, feature_gates=gates, runtime_config=[f"{podgroup.NATIVE_ALPHA.api_version}=true"]
+        scheduler=True, feature_gates=gates, runtime_config=[f"{podgroup.NATIVE_BETA.api_version}=true"]
     ) as cp:
         controlplane.install_crds(cp, ROOT / "crds")
         controlplane.install_crds(cp, COSCHEDULING_CRD)
@@ -106,15 +106,10 @@ def test_native_gang_runs_one_job_whole_and_the_other_not_at_all(
     winner = "b" if loser == "a" else "a"
     wait_for(lambda: len(bound(cluster, winner)) == 2, 30, f"both pods of {winner} bound")
     assert bound(cluster, loser) == []
-    stored = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        podgroup.NATIVE_ALPHA.group,
-        podgroup.NATIVE_ALPHA.version,
-        cluster.namespace,
-        podgroup.NATIVE_ALPHA.plural,
-        f"{winner}-0",
-    )
+    stored = stored_podgroup(api, cluster, f"{winner}-0")
     assert stored["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
-    assert stored["spec"]["disruptionMode"] == "Pod"  # PodGroup needs the WorkloadAwarePreemption gate
+    # As written: 1.36 stored its default, Pod, unless the WorkloadAwarePreemption gate was on.
+    assert stored["spec"]["disruptionMode"] == {"all": {}}
     assert [o["name"] for o in stored["metadata"]["ownerReferences"]] == [winner]
     for job in (winner, loser):
         assert podgroups(api, cluster, job) == [f"{job}-0"]
@@ -164,13 +159,15 @@ def two_slots_the_second_reserved(api: Any) -> Iterator[Callable[[], None]]:
 
 
 def settled(cluster: Cluster, job: str) -> bool:
-    """Every unbound pod of `job` was turned down for want of CPU alone (the taint lifted)."""
+    """Every unbound pod of `job` was turned down, for want of CPU and with the taint lifted. 1.37's
+    scheduler tells one pod of a gang "minCount (2) cannot be satisfied" and the others why."""
     pending = [p for p in cluster.live_pods(job) if not p.spec.node_name]
     messages = [c.message or "" for p in pending for c in p.status.conditions or [] if c.type == "PodScheduled"]
     return (
         bool(pending)
         and len(messages) == len(pending)
-        and all("Insufficient cpu" in m and "taint" not in m for m in messages)
+        and any("Insufficient cpu" in m for m in messages)
+        and not any("taint" in m for m in messages)
     )
 
 
@@ -235,7 +232,7 @@ def test_a_gang_larger_than_the_cluster_binds_nothing_and_fails_at_the_schedulin
 
 
 def podgroups(api: Any, cluster: Cluster, job: str) -> list[str]:
-    native, selector = podgroup.NATIVE_ALPHA, f"{naming.LABEL_JOB}={job}"
+    native, selector = podgroup.NATIVE_BETA, f"{naming.LABEL_JOB}={job}"
     found = client.CustomObjectsApi(api).list_namespaced_custom_object(
         native.group, native.version, cluster.namespace, native.plural, label_selector=selector
     )["items"]
@@ -287,9 +284,9 @@ def test_coscheduling_creates_the_scheduler_plugins_podgroup(
 
 
 def test_the_vendored_podgroup_schema_is_the_one_this_apiserver_serves(gang_plane: ControlPlane) -> None:
-    """The unit tests check rendered PodGroups against tests/operator/schemas/; the 1.36 one must be
-    what a 1.36 apiserver serves (the 1.37 one comes from the same generator)."""
-    api_version = podgroup.NATIVE_ALPHA.api_version
+    """The unit tests check rendered PodGroups against tests/operator/schemas/; the 1.37 one must be
+    what this 1.37 apiserver serves (the 1.36 one was read the same way from a 1.36 apiserver)."""
+    api_version = podgroup.NATIVE_BETA.api_version
     served = json.loads(gang_plane.kubectl("get", "--raw", source(api_version)).stdout)
     assert snapshot(served, controlplane.pinned("K8S_VERSION"), api_version) == load(api_version), (
         "run tests/cluster/vendor_podgroup_schemas.py"
@@ -319,9 +316,7 @@ def test_an_elastic_gang_is_placed_minimum_first_then_pod_by_pod(
         wait_for(lambda: unschedulable(cluster, "e"), 60, "e waiting for a second CPU")
         assert sorted(p.metadata.name for p in cluster.live_pods("e")) == ["e-node-0", "e-node-1"]
         assert bound(cluster, "e") == [], "without its quorum the gang holds no CPU"
-        stored = client.CustomObjectsApi(api).get_namespaced_custom_object(
-            podgroup.NATIVE_ALPHA.group, podgroup.NATIVE_ALPHA.version, cluster.namespace, "podgroups", "e-elastic"
-        )
+        stored = stored_podgroup(api, cluster, "e-elastic")
         assert stored["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
         assert naming.LABEL_ATTEMPT not in stored["metadata"]["labels"]
         uncordon("slot-1")
@@ -333,3 +328,34 @@ def test_an_elastic_gang_is_placed_minimum_first_then_pod_by_pod(
         wait_for(lambda: len(bound(cluster, "e")) == 3, 60, "node 2 bound alone")
     gang = condition(cluster.job("e") or {}, podgroup.CONDITION)
     assert gang is not None and gang["reason"] == "PodGroup" and "minCount 2" in gang["message"]
+
+
+def stored_podgroup(api: Any, cluster: Cluster, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        podgroup.NATIVE_BETA.group, podgroup.NATIVE_BETA.version, cluster.namespace, "podgroups", name
+    )
+    return found
+
+
+def test_lowering_min_nodes_lets_a_waiting_elastic_gang_bind_its_smaller_quorum(
+    cluster: Cluster, operator: OperatorProcess, api: Any
+) -> None:
+    """1.37's v1beta1 PodGroup has a mutable minCount: range 3-3 on two free CPUs binds nothing;
+    lowered to 2-3, the operator patches the live group's minCount to 2 and the scheduler binds
+    two pods (a v1alpha2 group would keep its quorum of 3 and bind none)."""
+    with cordoned(api, "slot-2"):
+        cluster.create_job("m", nodes=3, resources=ONE_CPU, elastic={"minNodes": 3}, command=["python", "train.py"])
+        cluster.wait_pods("m", 3, attempt=0)
+        wait_for(lambda: unschedulable(cluster, "m"), 60, "m waiting for a third CPU")
+        assert bound(cluster, "m") == [], "a quorum of 3 on 2 CPUs binds nothing"
+        assert stored_podgroup(api, cluster, "m-elastic")["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
+        cluster.patch_spec("m", {"elastic": {"minNodes": 2}})
+        wait_for(
+            lambda: stored_podgroup(api, cluster, "m-elastic")["spec"]["schedulingPolicy"]["gang"]["minCount"] == 2,
+            30,
+            "the PodGroup's minCount patched to 2",
+        )
+        wait_for(lambda: len(bound(cluster, "m")) == 2, 120, "two pods bound on the two free CPUs")
+    gang = condition(cluster.job("m") or {}, podgroup.CONDITION)
+    assert gang is not None, cluster.job("m")
+    assert "v1beta1 PodGroup" in gang["message"] and "it follows spec.elastic.minNodes" in gang["message"]

@@ -63,7 +63,7 @@ def test_the_missing_api_is_named_with_its_feature_gates() -> None:
     message = podgroup.choose(job_model("j", scheduling={"gang": "native"}).spec, NOTHING).message
     assert "neither scheduling.k8s.io/v1beta1 nor scheduling.k8s.io/v1alpha2 PodGroup is served" in message
     assert "--runtime-config=scheduling.k8s.io/v1beta1=true, or scheduling.k8s.io/v1alpha2=true before" in message
-    assert "GenericWorkload=true,GangScheduling=true" in message
+    assert "feature gate GenericWorkload=true, GenericWorkload=true,GangScheduling=true before 1.37" in message
 
 
 def test_the_default_is_auto() -> None:

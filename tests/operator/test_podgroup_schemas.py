@@ -1,6 +1,6 @@
 """The PodGroups the operator writes, checked against Kubernetes' own schema of each version it
-may write: scheduling.k8s.io/v1alpha2 as 1.36 serves it (the tests' control plane) and v1beta1 as
-1.37 does (tests/support/podgroup_schemas.py, vendored from Kubernetes' published OpenAPI)."""
+may write: scheduling.k8s.io/v1beta1 as 1.37 serves it (the tests' control plane) and v1alpha2 as
+1.36 did (tests/support/podgroup_schemas.py, each vendored from a live apiserver)."""
 
 from __future__ import annotations
 
@@ -50,10 +50,10 @@ def test_min_count_is_followed_only_where_kubernetes_lets_it_change(api: podgrou
     assert (api.api_version in podgroup.MUTABLE_MIN_COUNT) is not immutable
 
 
-def test_the_v1alpha2_schema_is_the_control_planes_version() -> None:
-    """The 1.36 snapshot is what the cluster tests' apiserver serves (test_gang_cluster.py compares
-    it with the live one); the 1.37 one is the version ahead."""
+def test_the_v1beta1_schema_is_the_control_planes_version() -> None:
+    """The 1.37 snapshot is what the cluster tests' apiserver serves (test_gang_cluster.py compares
+    it with the live one); the 1.36 one is the version behind, which 1.37 no longer serves."""
     versions = {api_version: version for api_version, version in SCHEMAS}
-    assert versions[podgroup.NATIVE_ALPHA.api_version] == pinned("K8S_VERSION")
+    assert versions[podgroup.NATIVE_BETA.api_version] == pinned("K8S_VERSION")
     for (api_version, version), path in SCHEMAS.items():
         assert load(api_version)["kubernetesVersion"] == version and path.exists()

@@ -34,7 +34,7 @@ START_TIMEOUT = 120
 
 
 def node_bin_dir() -> Path:
-    return controlplane.cache_dir() / f"node-{controlplane.pinned('K8S_VERSION')}"
+    return controlplane.cache_dir() / f"node-{controlplane.pinned('KUBELET_VERSION')}"
 
 
 def coredns_bin() -> Path:
