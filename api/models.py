@@ -864,6 +864,18 @@ class Resize(StrictModel):
 
 
 MAX_RESIZES_KEPT = 20
+
+
+class StandbyFailure(StrictModel):
+    """A node whose pod failed while on standby (spec.elastic): it is created again after a back-off."""
+
+    node: int = Field(ge=0, description="The node rank (pod name suffix).")
+    pod_uid: str = Field(max_length=128, description="The last failed pod's uid: each pod counts once.")
+    count: int = Field(ge=1, description="Failures on standby in a row (reset once the node joins a gang).")
+    last_at: datetime = Field(description="When the last one was seen.")
+    message: str = Field("", max_length=1024, description="How it failed.")
+
+
 AttemptStart = Literal["Start", "InPlace", "Recreate", "Resume"]
 
 
@@ -931,6 +943,14 @@ class TrainingJobStatus(StrictModel):
     )
     resizes: list[Resize] | None = Field(
         None, max_length=MAX_RESIZES_KEPT, description=f"The last {MAX_RESIZES_KEPT} resizes of an elastic gang."
+    )
+    standby_failures: list[StandbyFailure] | None = Field(
+        None,
+        max_length=naming.MAX_NODES,
+        description=(
+            "Elastic jobs: nodes whose pod failed on standby. Each is created again after a back-off, "
+            "10 s doubling per failure in a row up to 5 min, instead of at once on every pass."
+        ),
     )
     start_time: datetime | None = Field(None, description="When the job first started.")
     completion_time: datetime | None = Field(None, description="When the job succeeded or failed.")

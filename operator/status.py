@@ -762,10 +762,30 @@ def _cleanup(run: _Pass) -> Decision:
     return decision
 
 
+def _standby_backoff(run: _Pass, failed: list[PodView]) -> None:
+    """Each failed standby pod counted once and announced; a node whose pod failed on standby is
+    created again only once its back-off passed (elastic.standby_backoff), and the gang's members
+    start afresh."""
+    status, decision = run.status, run.decision
+    elastic.forget_standby_failures(status, run.members)
+    for pod in failed:
+        assert pod.rank is not None  # standby pods are the attempt's, found by rank
+        why = describe(failure_of(pod, status.attempt, "failed", run.now))
+        entry = elastic.count_standby_failure(status, pod.rank, pod.uid, why, run.now)
+        if entry is not None:
+            wait = elastic.standby_backoff(entry.count).total_seconds()
+            message = f"{why}, on standby; created again in {wait:.0f} s (failure {entry.count} in a row)"
+            decision.events.append(Event("Warning", elastic.STANDBY_FAILED, message[:1024]))
+    held = {r: due for r in decision.create_ranks if (due := elastic.standby_due(status, r)) and due > run.now}
+    decision.create_ranks = [r for r in decision.create_ranks if r not in held]
+    if held:
+        decision.requeue((min(held.values()) - run.now).total_seconds())
+
+
 def _converge(run: _Pass, service_exists: bool) -> Decision:
     """Create what is missing, delete older attempts, and report how far the gang got."""
     status, decision, nodes = run.status, run.decision, run.size
-    # A standby pod that failed is deleted and created again: it never fails the gang.
+    # A standby pod that failed is deleted and created again (after a back-off): it never fails the gang.
     failed_standby = [p for p in run.standby if p.phase in TERMINAL_PHASES]
     decision.delete_pods = [(p.name, p.uid) for p in [*run.stale, *failed_standby]]
     by_rank = _by_rank(run.current)
@@ -773,6 +793,7 @@ def _converge(run: _Pass, service_exists: bool) -> Decision:
     missing = [r for r in range(run.job.spec.nodes) if r not in present]
     decision.create_ranks = [r for r in missing if naming.pod_name(run.job.name, r) not in run.occupied]
     if run.job.spec.elastic is not None:
+        _standby_backoff(run, failed_standby)
         first = _first_ranks(run)
         if not _placed(run, first):
             # Node 0's pod hosts the gang's store and is in every gang: it takes the first

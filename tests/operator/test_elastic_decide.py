@@ -15,7 +15,7 @@ from support.pods import JOB_UID, T0, pod_view
 
 from kubetrain.api import naming
 from kubetrain.api.models import TrainingJob
-from kubetrain.operator import podgroup
+from kubetrain.operator import elastic, podgroup
 from kubetrain.operator.decision import Policy
 from kubetrain.operator.pods import PodView
 from kubetrain.operator.status import decide
@@ -190,6 +190,54 @@ def test_a_standby_pod_that_fails_is_replaced_without_a_failure() -> None:
     d = step(job, [pods[0], pods[1], failed], T0 + timedelta(seconds=21))
     assert d.delete_pods == [(failed.name, failed.uid)] and not d.status.failures
     assert d.status.attempt == 1 and d.status.restarts == 0
+
+
+def test_a_standby_pod_that_keeps_failing_is_created_again_after_a_growing_back_off() -> None:
+    """A pod that can only fail (a bad image on that node, say) is not deleted and created on every
+    pass: 10 s after its first failure in a row, 20 s after its second, and so on."""
+    job, pods = formed(ready=(0, 1))
+    gang = [pods[0], pods[1]]
+    at = T0 + timedelta(seconds=20)
+    for count, wait in [(1, 10), (2, 20), (3, 40)]:
+        failed = replace(
+            pod_view(job, 2, 1, "Failed", exit_code=1, message="Traceback\nImportError: bad", finished=at),
+            uid=f"pod-2-try-{count}",
+        )
+        d = step(job, [*gang, failed], at)
+        assert d.delete_pods == [(failed.name, failed.uid)] and d.create_ranks == []
+        (event,) = [e for e in d.events if e.reason == "StandbyPodFailed"]
+        assert "ImportError: bad" in event.message
+        assert f"created again in {wait} s (failure {count} in a row)" in event.message
+        job = advance(job, d)
+        # Seen again before its deletion is: counted once.
+        again = step(job, [*gang, failed], at + timedelta(seconds=1))
+        assert not [e for e in again.events if e.reason == "StandbyPodFailed"]
+        (entry,) = again.status.standby_failures or []
+        assert (entry.node, entry.count) == (2, count)
+        # Gone: not created before its back-off ends, and the pass asks to be run again then.
+        d = step(job, gang, at + timedelta(seconds=wait - 1))
+        assert d.create_ranks == [] and d.requeue_after is not None and d.requeue_after <= 1
+        assert (d.status.attempt, d.status.restarts, d.status.failures) == (1, 0, None)
+        assert step(job, gang, at + timedelta(seconds=wait)).create_ranks == [2]
+        at += timedelta(seconds=wait + 5)
+
+
+def test_the_back_off_of_a_node_ends_once_it_joins_a_gang() -> None:
+    job, pods = formed(ready=(0, 1))
+    failed = pod_view(job, 2, 1, "Failed", exit_code=1, finished=T0 + timedelta(seconds=20))
+    job = advance(job, step(job, [pods[0], pods[1], failed], T0 + timedelta(seconds=21)))
+    assert [(e.node, e.count) for e in job.status.standby_failures or []] == [(2, 1)]  # type: ignore[union-attr]
+    # Created again, it comes up on standby, and the gang grows to take it.
+    back = pod_view(job, 2, 1, "Running", node="n2", ready=True)
+    grown = step(job, [pods[0], pods[1], back], T0 + timedelta(seconds=90))
+    assert grown.status.members == [0, 1, 2]
+    job = advance(job, grown)
+    after = step(job, [replace(p, attempt=2) for p in (pods[0], pods[1], back)], T0 + timedelta(seconds=91))
+    assert after.status.standby_failures is None
+
+
+def test_the_back_off_doubles_up_to_five_minutes() -> None:
+    assert [elastic.standby_backoff(n).total_seconds() for n in (1, 2, 3, 5, 6, 40)] == [10, 20, 40, 160, 300, 300]
 
 
 @pytest.mark.parametrize(
