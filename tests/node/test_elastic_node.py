@@ -37,7 +37,9 @@ SLOT = "kubetrain.dev/slot"
 NAME = "elastic"
 TRAINING: dict[str, Any] = {
     "dataset": "digits",
-    "epochs": 300,  # 14 steps each: long enough for every resize, short enough to finish in minutes
+    # 14 steps each. Every resize happens by step ~300 (measured: 295 at 31 s, idle, where training
+    # runs fastest against the resizes' fixed waits); the rest only trains to the end.
+    "epochs": 80,
     "batchSize": 32,
     "globalBatchSize": 96,
     "seed": 3,
