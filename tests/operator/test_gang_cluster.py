@@ -231,6 +231,14 @@ def test_a_gang_larger_than_the_cluster_binds_nothing_and_fails_at_the_schedulin
     assert bound(cluster, "big") == []
 
 
+def stored_podgroup(api: Any, cluster: Cluster, name: str) -> dict[str, Any]:
+    native = podgroup.NATIVE_BETA
+    found: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        native.group, native.version, cluster.namespace, native.plural, name
+    )
+    return found
+
+
 def podgroups(api: Any, cluster: Cluster, job: str) -> list[str]:
     native, selector = podgroup.NATIVE_BETA, f"{naming.LABEL_JOB}={job}"
     found = client.CustomObjectsApi(api).list_namespaced_custom_object(
@@ -328,13 +336,6 @@ def test_an_elastic_gang_is_placed_minimum_first_then_pod_by_pod(
         wait_for(lambda: len(bound(cluster, "e")) == 3, 60, "node 2 bound alone")
     gang = condition(cluster.job("e") or {}, podgroup.CONDITION)
     assert gang is not None and gang["reason"] == "PodGroup" and "minCount 2" in gang["message"]
-
-
-def stored_podgroup(api: Any, cluster: Cluster, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        podgroup.NATIVE_BETA.group, podgroup.NATIVE_BETA.version, cluster.namespace, "podgroups", name
-    )
-    return found
 
 
 def test_lowering_min_nodes_lets_a_waiting_elastic_gang_bind_its_smaller_quorum(
