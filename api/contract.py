@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import socket
 from collections.abc import Collection, Sequence
 
@@ -210,3 +211,36 @@ def free_port(host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+# A failure that no restart can cure (a checkpoint store that refuses the credentials, a bucket that
+# does not exist, a checkpoint of another configuration, a store another job took over): the
+# trainer raises it with this mark before its one-sentence cause, so that wherever the text lands
+# (torchrun's error file, the pod's termination message, a local node's log tail) the operator's
+# and the local runner's `failures.failure_of` find its reason, keep the sentence as the failure's
+# message, and fail the job at once (operator/failures.py UNRECOVERABLE_RULE) instead of spending
+# every restart on it.
+UNRECOVERABLE_MARK = "kubetrain-unrecoverable"
+UNRECOVERABLE_REASONS = (
+    "CheckpointStoreDenied",  # 401/403: the credentials, or what they may do
+    "CheckpointStoreNotFound",  # no such bucket
+    "CheckpointIncompatible",  # a checkpoint of another configuration or world size
+    "CheckpointStoreTakenOver",  # another job writes the same objectStore.url
+)
+_UNRECOVERABLE = re.compile(r"\[" + UNRECOVERABLE_MARK + r" (?P<reason>[A-Za-z]+)\] (?P<message>[^\n]*)")
+
+
+def unrecoverable(reason: str, message: str) -> str:
+    """The marked text of an unrecoverable failure (`message`: one line, the cause first)."""
+    assert reason in UNRECOVERABLE_REASONS, reason
+    return f"[{UNRECOVERABLE_MARK} {reason}] {' '.join(message.split())}"
+
+
+def find_unrecoverable(text: str) -> tuple[str, str] | None:
+    """(reason, message) of the last unrecoverable mark in `text` (a log tail, an error file's
+    text), or None. A mark whose reason kubetrain does not know counts for nothing."""
+    found = [m for m in _UNRECOVERABLE.finditer(text) if m["reason"] in UNRECOVERABLE_REASONS]
+    if not found:
+        return None
+    # The message ends the line; an error file's JSON quoting may close it with `"`.
+    return found[-1]["reason"], found[-1]["message"].rstrip('",}').strip()

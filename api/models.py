@@ -815,6 +815,17 @@ class CheckpointRefusal(StrictModel):
     time: datetime | None = Field(None, description="When it was refused.")
 
 
+class CheckpointSkip(StrictModel):
+    """A commit of the object store that a resume walked back past (checkpoint.objectStore): its
+    payload was missing or did not match the commit, and an older commit was resumed instead."""
+
+    attempt: int | None = Field(None, ge=0, description="The attempt that skipped it on its resume.")
+    step: int = Field(ge=0, description="Optimizer step the commit holds.")
+    path: str = Field(max_length=1024, description="Object URL of the skipped checkpoint.")
+    why: str = Field("", max_length=1024, description="What was wrong with it: missing, or not matching its commit.")
+    time: datetime | None = Field(None, description="When it was skipped.")
+
+
 class RuntimeFallback(StrictModel):
     """A feature of what kubetrain runs beside the training script (torchrun's agent, its hooks)
     that the job's torch lacks a private name or parameter for: torch's own behaviour runs
@@ -961,6 +972,13 @@ class TrainingJobStatus(StrictModel):
         description=(
             "The newest checkpoint the object store refused to commit, from a stale attempt; each new one is "
             "also a CheckpointRefused Warning Event."
+        ),
+    )
+    last_checkpoint_skipped: CheckpointSkip | None = Field(
+        None,
+        description=(
+            "The newest commit of the object store a resume skipped (its payload missing or not matching); each "
+            "new one is also a CheckpointSkipped Warning Event."
         ),
     )
     failures: list[Failure] | None = Field(

@@ -7,6 +7,7 @@ writes records in any image: standard library only, Python 3.10 and later.
 from __future__ import annotations
 
 REFUSED = "checkpoint_refused"
+SKIPPED = "checkpoint_skipped"
 FALLBACK = "fallback"
 EVENTS = (
     "start",
@@ -17,6 +18,7 @@ EVENTS = (
     "preflight",
     "done",
     REFUSED,
+    SKIPPED,
     "rendezvous",
     "launch",
     "failure",

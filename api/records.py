@@ -27,6 +27,10 @@ in status.runtimeFallbacks.
 `refused_attempt` is stale and `current_attempt` holds the store. It is the job's record, not a mark, but
 it moves no progress (a stale attempt's step is not the job's): `fold_refusal` keeps the newest
 in status.lastCheckpointRefusal.
+
+`checkpoint_skipped` (rank 0, checkpoint.objectStore) says a resume walked back past a commit whose
+payload was missing or did not match (`path`, `why`); it moves no progress either: `fold_skip`
+keeps the newest in status.lastCheckpointSkipped, and the operator posts a CheckpointSkipped Event.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from typing import Any
 from kubetrain.api.models import (
     MAX_FALLBACKS_KEPT,
     CheckpointRefusal,
+    CheckpointSkip,
     LastCheckpoint,
     Progress,
     RuntimeFallback,
@@ -50,6 +55,7 @@ from kubetrain.api.record_format import FALLBACK as FALLBACK
 from kubetrain.api.record_format import MARKS as MARKS
 from kubetrain.api.record_format import METRICS_FILE as METRICS_FILE
 from kubetrain.api.record_format import REFUSED as REFUSED
+from kubetrain.api.record_format import SKIPPED as SKIPPED
 
 
 def parse_record(line: str) -> dict[str, Any] | None:
@@ -201,6 +207,30 @@ def fold_refusal(text: str, previous: CheckpointRefusal | None) -> CheckpointRef
     return refusal
 
 
+def fold_skip(text: str, previous: CheckpointSkip | None) -> CheckpointSkip | None:
+    """The newest `checkpoint_skipped` record of `text`, or `previous` when `text` has none newer."""
+    skip = previous
+    for record in records_in(text):
+        step, path = _count(record.get("step")), record.get("path")
+        if record["event"] != SKIPPED or step is None or not isinstance(path, str) or not path:
+            continue
+        found = CheckpointSkip(
+            attempt=_count(record.get("attempt")),
+            step=step,
+            path=path[:1024],
+            why=str(record.get("why") or "")[:1024],
+            time=_time(record.get("time")),
+        )
+        if (
+            skip is None
+            or found.time is None
+            or skip.time is None
+            or (found.time, found.step) >= (skip.time, skip.step)
+        ):
+            skip = found
+    return skip
+
+
 def fold(
     text: str, previous: Progress | None = None, previous_checkpoint: LastCheckpoint | None = None
 ) -> tuple[Progress | None, LastCheckpoint | None]:
@@ -212,7 +242,7 @@ def fold(
     progress = previous.model_copy() if previous is not None else None
     checkpoint = previous_checkpoint
     for record in records_in(text):
-        if record["event"] in (*MARKS, REFUSED):
+        if record["event"] in (*MARKS, REFUSED, SKIPPED):
             continue
         update: dict[str, Any] = {}
         for key, target in (("epoch", "epoch"), ("step", "step"), ("total_steps", "total_steps")):

@@ -42,9 +42,11 @@ from kubetrain.api.models import TrainingJobStatus
 from kubetrain.api.records import (
     AGENT_EVENTS,
     REFUSED,
+    SKIPPED,
     GangFailure,
     fold,
     fold_refusal,
+    fold_skip,
     fold_timeline,
     gang_failure,
     parse_record,
@@ -57,7 +59,7 @@ from kubetrain.operator.conditions import is_true
 from kubetrain.operator.decision import DEFAULT_POLICY, Decision, Policy
 from kubetrain.operator.forensics import RankStacks
 from kubetrain.operator.pods import PodView
-from kubetrain.operator.progress import refusal_event
+from kubetrain.operator.progress import refusal_event, skip_event
 from kubetrain.operator.render import grace_seconds
 from kubetrain.operator.status import decide
 
@@ -453,6 +455,8 @@ class Supervisor:
             self._publish()
         if record["event"] == REFUSED:  # a stale attempt's, so whichever attempt the node runs
             self._refused(text)
+        if record["event"] == SKIPPED:
+            self._skipped(text)
         if record["event"] not in AGENT_EVENTS:
             self.result.observe(record, time.monotonic() - self._started)
             self.view.record(record)
@@ -463,6 +467,15 @@ class Supervisor:
         before = self.status.last_checkpoint_refusal
         self.status.last_checkpoint_refusal = fold_refusal(text, before)
         event = refusal_event(before, self.status.last_checkpoint_refusal)
+        if event is not None:
+            self.view.notice(f"{event.reason}: {event.message}")
+            self._publish(force=True)
+
+    def _skipped(self, text: str) -> None:
+        """A resume walked back past an unusable commit: lastCheckpointSkipped, and a warning once."""
+        before = self.status.last_checkpoint_skipped
+        self.status.last_checkpoint_skipped = fold_skip(text, before)
+        event = skip_event(before, self.status.last_checkpoint_skipped)
         if event is not None:
             self.view.notice(f"{event.reason}: {event.message}")
             self._publish(force=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from kubetrain.api.contract import UNRECOVERABLE_REASONS, find_unrecoverable
 from kubetrain.api.models import (
     ExitCodesRequirement,
     Failure,
@@ -55,9 +56,14 @@ DISRUPTION_RULES = (
 # An attempt restarted in place that did not rendezvous in time is recreated; the failure that
 # led to it was counted already, so by default the fallback is not.
 IN_PLACE_TIMEOUT_REASON = "InPlaceRestartTimedOut"
+# A failure the trainer marked unrecoverable (api/contract.py: credentials, a missing bucket, a
+# checkpoint of another configuration, a store another job took over) would only fail again: the
+# job fails at once instead of spending its restarts. A user's rule comes first and may restart it.
+UNRECOVERABLE_RULE = FailurePolicyRule(action="FailJob", on_failure_reasons=list(UNRECOVERABLE_REASONS))
 DEFAULT_RULES = (
     *DISRUPTION_RULES,
     FailurePolicyRule(action="RestartJobAndIgnoreMaxRestarts", on_failure_reasons=[IN_PLACE_TIMEOUT_REASON]),
+    UNRECOVERABLE_RULE,
 )
 
 FailureKind = Literal["failed", "deleted", "stuck"]
@@ -81,6 +87,7 @@ def failure_of(pod: PodView, attempt: int, kind: FailureKind, now: datetime) -> 
     else:
         reason = pod.reason or ("Error" if pod.exit_code else "Failed")
         message = pod.message
+        reason, message = _unrecoverable(reason, message)
     return Failure(
         attempt=attempt,
         rank=pod.rank,
@@ -99,16 +106,25 @@ def held_failure(held: GangFailure, pod: PodView | None, pod_name: str) -> Failu
     message = held.message
     if held.rank is not None and f"rank {held.rank}" not in message:
         message = f"worker rank {held.rank}: {message}" if message else f"worker rank {held.rank}"
+    reason, message = _unrecoverable(held.reason, message)
     return Failure(
         attempt=held.attempt,
         rank=held.node,
         pod=pod_name,
         node=pod.node if pod is not None else None,
         exit_code=held.exit_code,
-        reason=held.reason[:256],
+        reason=reason[:256],
         message=message[-MESSAGE_TAIL:],
         time=held.time,
     )
+
+
+def _unrecoverable(reason: str, message: str) -> tuple[str, str]:
+    """(reason, message) of a failure whose text carries the trainer's unrecoverable mark: its
+    reason, and its one sentence instead of the log tail (the cause first, no traceback); else
+    as given."""
+    found = find_unrecoverable(message)
+    return found if found is not None else (reason, message)
 
 
 def in_place_timeout_failure(

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from kubetrain.api import records
-from kubetrain.api.models import CheckpointRefusal, TrainingJobStatus
+from kubetrain.api.models import CheckpointRefusal, CheckpointSkip, TrainingJobStatus
 from kubetrain.api.records import GangFailure
 from kubetrain.operator.decision import Event
 from kubetrain.operator.failures import completed
@@ -125,6 +125,7 @@ def fold(status: TrainingJobStatus, text: str) -> TrainingJobStatus:
         "last_checkpoint": checkpoint,
         "timeline": line,
         "last_checkpoint_refusal": records.fold_refusal(text, status.last_checkpoint_refusal),
+        "last_checkpoint_skipped": records.fold_skip(text, status.last_checkpoint_skipped),
         "runtime_fallbacks": records.fold_fallbacks(text, status.runtime_fallbacks),
     }
     return status.model_copy(update=update)
@@ -157,9 +158,23 @@ def refusal_event(previous: CheckpointRefusal | None, refusal: CheckpointRefusal
 
 
 def refusal_events(previous: TrainingJobStatus, status: TrainingJobStatus) -> list[Event]:
-    """What the controller posts beside writing `status` over the stored `previous`."""
-    event = refusal_event(previous.last_checkpoint_refusal, status.last_checkpoint_refusal)
-    return [] if event is None else [event]
+    """What the controller posts beside writing `status` over the stored `previous`: a refused
+    commit, a skipped one."""
+    events = [refusal_event(previous.last_checkpoint_refusal, status.last_checkpoint_refusal)]
+    events.append(skip_event(previous.last_checkpoint_skipped, status.last_checkpoint_skipped))
+    return [event for event in events if event is not None]
+
+
+SKIP_EVENT = "CheckpointSkipped"
+
+
+def skip_event(previous: CheckpointSkip | None, skip: CheckpointSkip | None) -> Event | None:
+    """The Warning Event of a skipped commit `previous` (the one stored, or shown) does not hold yet."""
+    if skip is None or skip == previous:
+        return None
+    who = f"attempt {skip.attempt}" if skip.attempt is not None else "the resume"
+    message = f"{who} skipped the checkpoint of step {skip.step} ({skip.path}) and resumed an older one: {skip.why}"
+    return Event("Warning", SKIP_EVENT, message[:1024])
 
 
 FALLBACK_EVENT = "RuntimeFallback"

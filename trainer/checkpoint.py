@@ -17,9 +17,12 @@ on other nodes cannot make a rank see an older checkpoint than rank 0.
 With `object_store` (checkpoint.objectStore) `<dir>` only stages: rank 0 copies every tensor of
 the checkpoint in memory and returns to training, while a background thread writes `step-N/`
 into `<dir>/.staging/` (no fsync: the upload is what makes it durable), uploads it and appends its
-commit (kubetrain.trainer.objectstore). Resume reads the newest commit. The stall per save is
-the copy, plus the wait for the previous upload when saves come faster than uploads; the
-copy costs host memory of one checkpoint while its upload runs.
+commit (kubetrain.trainer.objectstore). Resume reads the newest commit whose payload is there and
+matches it, walking back past those that do not (each named in a `checkpoint_skipped` record).
+The stall per save is the copy, plus the wait for the previous upload when saves come faster than
+uploads; the copy costs host memory of one checkpoint while its upload runs. A save never waits
+on an upload that is stuck (objectstore.Uploader): a periodic one is skipped, training goes on,
+and a stop's save waits for its own commit at most its grace period less STOP_MARGIN_S.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from kubetrain.api.contract import DEFAULT_GRACE_SECONDS, SHUTDOWN_TIMEOUT_ENV, unrecoverable
 from kubetrain.api.training import ObjectStoreConfig
 
 if TYPE_CHECKING:
@@ -47,6 +51,9 @@ META_FILE = "meta.json"
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TMP_PREFIX = ".tmp-"
+# What a stop's save leaves of the pods' grace period (PET_SHUTDOWN_TIMEOUT) for the barrier and the
+# exit after its commit: a store that does not commit in time leaves the last commit standing.
+STOP_MARGIN_S = 15.0
 STAGING_SUBDIR = ".staging"  # under checkpoint.dir: where an object-store checkpoint waits for its upload
 
 
@@ -278,6 +285,7 @@ class Checkpointer:
 
             self._store = self._open_store(object_store)
             self._uploader = objectstore.Uploader(self._store, keep, _warn)
+        self.skipped_saves = 0  # periodic saves not taken while an upload was stuck
 
     def _open_store(self, config: ObjectStoreConfig) -> ObjectStore:
         """The store as this job's attempt (default: KUBETRAIN_JOB_UID and KUBETRAIN_ATTEMPT) writes it."""
@@ -286,7 +294,10 @@ class Checkpointer:
         default_job, default_attempt = objectstore.job_identity()
         job, attempt = self._identity
         return objectstore.ObjectStore(
-            config, job=default_job if job is None else job, attempt=default_attempt if attempt is None else attempt
+            config,
+            job=default_job if job is None else job,
+            attempt=default_attempt if attempt is None else attempt,
+            rank=self.rank,
         )
 
     @property
@@ -319,7 +330,8 @@ class Checkpointer:
         store's URL of it), None elsewhere. `reason` (why it was taken: periodic, epoch, final,
         signal) is kept in its meta. An object-store save returns once staged, its upload goes
         on in the background; with `wait` (the default for reason "signal" or "final": the process
-        may exit right after) it returns only once committed."""
+        may exit right after) it returns only once committed (a "signal" save within its grace).
+        Returns None, saving nothing, when a periodic save finds the previous upload stuck."""
         mine = rng_state(self.generators)
         ranks: list[Any] = [mine]
         if self.world_size > 1:
@@ -336,25 +348,32 @@ class Checkpointer:
             prune(self.directory, self.keep)
             self._record("checkpoint", step=step, epoch=epoch, path=str(path), reason=reason)
             return path
-        # One upload at a time: the stall when saves outrun uploads. A refused commit raises here
-        # (this attempt is stale and must stop).
-        self._uploader.wait(raise_failures=False)
+        # One upload at a time: the stall when saves outrun uploads, but never on a stuck one. A
+        # refused commit raises here (this attempt is stale and must stop).
+        store, uploader = self._store, self._uploader
+        must_commit = bool(wait or (wait is None and reason in ("signal", "final")))
+        if not uploader.ready():
+            running = uploader.running() or "the previous upload is stuck"
+            if not must_commit:
+                self.skipped_saves += 1
+                _warn(f"checkpoint of step {step} skipped: {running} (the store may be hung); training goes on")
+                return None
+            _warn(f"{running} (the store may be hung): step {step} is uploaded beside it, and counts first")
         # The stall: a copy of every tensor (training changes them from the next step on); the
         # serialisation into the staging dir, the upload and the commit run on the upload's thread.
         snapshot = _snapshot(payload)
         staging = self.directory / STAGING_SUBDIR
-        store = self._store
 
         def committed(entry: Entry) -> None:  # on the upload's thread
-            self._record("checkpoint", step=step, epoch=epoch, path=store.url(store.payload_dir(step)), reason=reason)
+            self._record("checkpoint", step=step, epoch=epoch, path=store.url(entry.folder), reason=reason)
             self._report_refusals()
 
         def stage() -> Path:
             return write_checkpoint(staging, step, snapshot, meta, durable=False)
 
-        self._uploader.start(step, stage, full_meta(step, meta), committed)
-        if wait or (wait is None and reason in ("signal", "final")):
-            self.wait()
+        uploader.start(step, stage, full_meta(step, meta), committed)
+        if must_commit:
+            self.wait(timeout=stop_bound() if reason == "signal" else None)
         return store.url(store.payload_dir(step))
 
     def _package(
@@ -379,18 +398,22 @@ class Checkpointer:
             return str(path)
         store = self._store or self._open_store(self.object_store)
         staged = write_checkpoint(self.directory / STAGING_SUBDIR, step, payload, meta, durable=False, writer=writer)
-        key, size, digest = store.upload(step, staged / STATE_FILE)
-        store.commit(step, key, size, digest, full_meta(step, meta))
-        shutil.rmtree(staged, ignore_errors=True)
-        where = store.url(store.payload_dir(step))
-        self._record("checkpoint", step=step, epoch=epoch, path=where, reason=reason)
+        try:
+            key, size, digest = store.upload(step, staged / STATE_FILE)
+            # Another survivor's commit of this step may come first: then that one holds it.
+            entry = store.commit(step, key, size, digest, full_meta(step, meta))
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+        where = store.url(entry.folder)
+        if entry.step == step:
+            self._record("checkpoint", step=step, epoch=epoch, path=where, reason=reason)
         return where
 
-    def wait(self) -> None:
-        """Rank 0: until the last save is committed (a no-op on a volume and on other ranks).
-        Raises CheckpointError if it was not."""
+    def wait(self, timeout: float | None = None) -> None:
+        """Rank 0: until the last save is committed (a no-op on a volume and on other ranks), or
+        `timeout` s passed. Raises CheckpointError if it was not."""
         if self._uploader is not None:
-            self._uploader.wait()
+            self._uploader.wait(timeout=timeout)
 
     def _record(self, event: str, **fields: Any) -> None:
         if self.metrics is not None:
@@ -417,17 +440,21 @@ class Checkpointer:
             )
 
     def _check(self, path: Path | str, meta: dict[str, Any]) -> str | None:
+        """Why the checkpoint at `path` cannot be resumed by this run (no restart changes that: the
+        text carries the unrecoverable mark), or None."""
         if self.fingerprint is not None and meta.get("fingerprint") != self.fingerprint:
-            return (
+            return unrecoverable(
+                "CheckpointIncompatible",
                 f"refusing to resume {path}: it was written by a different training configuration "
                 f"(fingerprint {meta.get('fingerprint')}, this run {self.fingerprint}); use a new "
-                "checkpoint dir or restore the original training settings"
+                "checkpoint dir or restore the original training settings",
             )
         if meta.get("world_size") != self.world_size and not self.resizable:
-            return (
+            return unrecoverable(
+                "CheckpointIncompatible",
                 f"refusing to resume {path}: it was written by {meta.get('world_size')} processes and this "
                 f"run has {self.world_size}; the data order and RNG streams would not continue (the built-in "
-                "trainer resumes at any size when training.globalBatchSize is set)"
+                "trainer resumes at any size when training.globalBatchSize is set)",
             )
         return None
 
@@ -440,20 +467,33 @@ class Checkpointer:
             payload, meta = read_checkpoint(path)
             return str(path), payload, meta
         from kubetrain.trainer.objectstore import STATE_FILE as OBJECT_STATE_FILE
+        from kubetrain.trainer.objectstore import PayloadUnusable, StoreError
 
         # What a killed attempt staged never counts (its commit is missing): its disk is freed.
         shutil.rmtree(self.directory / STAGING_SUBDIR, ignore_errors=True)
         self._store.register()  # this attempt holds the store from here on: a stale one's commits are refused
         self._report_refusals()
-        entry = self._store.latest()
-        if entry is None or entry.step is None:
-            return None
-        where = self._store.url(self._store.payload_dir(entry.step, entry.attempt))
-        local = self._store.download(entry, self.directory / STAGING_SUBDIR / ".resume" / OBJECT_STATE_FILE)
-        try:
-            return where, read_state(local, entry.meta, where), entry.meta
-        finally:
-            local.unlink(missing_ok=True)
+        unusable: list[str] = []
+        for entry in self._store.resumable():
+            where = self._store.url(entry.folder)
+            try:
+                local = self._store.download(entry, self.directory / STAGING_SUBDIR / ".resume" / OBJECT_STATE_FILE)
+            except PayloadUnusable as exc:
+                # A newer commit that cannot be read must not fail every attempt: the next one may.
+                _warn(f"checkpoint of step {entry.step} skipped: {exc}")
+                self._record("checkpoint_skipped", step=_int(entry.step), epoch=0, path=where, why=str(exc))
+                unusable.append(f"step {entry.step}: {exc}")
+                continue
+            try:
+                return where, read_state(local, entry.meta, where), entry.meta
+            finally:
+                local.unlink(missing_ok=True)
+        if unusable:
+            raise StoreError(
+                f"checkpoint store {self._store.where()}: none of its {len(unusable)} commits can be resumed "
+                f"({'; '.join(unusable)[:600]})"
+            )
+        return None
 
     def load(self) -> tuple[Path | str, dict[str, Any]] | None:
         """Rank 0 reads the newest complete checkpoint, every rank gets (where, state) and its RNG
@@ -473,6 +513,8 @@ class Checkpointer:
                     None,
                     None,
                 ]
+                if getattr(exc, "reason", None) is not None:  # objectstore.Unrecoverable: its one sentence
+                    header[0] = str(exc)
         if self.world_size > 1:
             dist.broadcast_object_list(header, src=0)
         error, where, step = header
@@ -506,6 +548,13 @@ def _snapshot(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(_snapshot(item) for item in value)
     return value
+
+
+def stop_bound() -> float:
+    """How long a stop's save may wait for its commit: the grace period less STOP_MARGIN_S."""
+    raw = os.environ.get(SHUTDOWN_TIMEOUT_ENV, "")
+    grace = float(raw) if raw.replace(".", "", 1).isdigit() else float(DEFAULT_GRACE_SECONDS)
+    return max(grace - STOP_MARGIN_S, 1.0)
 
 
 def _int(value: Any) -> int:

@@ -22,7 +22,7 @@ from support.waiting import wait_for
 from kubetrain.api.training import ObjectStoreConfig
 from kubetrain.trainer.checkpoint import Checkpointer, CheckpointError
 from kubetrain.trainer.metrics import MetricsLogger
-from kubetrain.trainer.objectstore import LOG_PREFIX, ObjectStore, valid_commits
+from kubetrain.trainer.objectstore import LOG_PREFIX, ObjectStore, job_tag, valid_commits
 
 pytestmark = pytest.mark.unit
 
@@ -51,6 +51,11 @@ def state(step: int, size: int = 1000) -> dict[str, Any]:
     return {"step": step, "weights": torch.randn(size, generator=generator), "epoch": 0}
 
 
+def folder(step: int, attempt: int, *, job: str = "job-uid", rank: int = 0) -> str:
+    """The payload folder of `step` written by `rank` of `attempt` of `job`."""
+    return f"step-{step}-a{attempt}-r{rank}-{job_tag(job)}"
+
+
 def store_of(bucket: Any) -> ObjectStore:
     return ObjectStore(config(bucket), job="reader", attempt=-1)
 
@@ -64,16 +69,16 @@ def test_a_commit_resumes_bitwise_and_prune_keeps_the_newest(tmp_path: Path, s3_
     assert first.load() is None
     for step in (10, 20, 30):
         where = first.save(step, state(step))
-        assert where == f"{s3_bucket.url}/step-{step}-a0"
+        assert where == f"{s3_bucket.url}/{folder(step, 0)}"
     first.wait()
     assert [p for p in paths(s3_bucket) if not p.startswith(LOG_PREFIX)] == [
-        "step-20-a0/state.pt",
-        "step-30-a0/state.pt",
+        f"{folder(20, 0)}/state.pt",
+        f"{folder(30, 0)}/state.pt",
     ]
     assert not any((tmp_path / "staging-0" / ".staging").iterdir()), "staged copies go once uploaded"
 
     where, restored = checkpointer(tmp_path, s3_bucket, 1).load()  # type: ignore[misc]
-    assert where == f"{s3_bucket.url}/step-30-a0"
+    assert where == f"{s3_bucket.url}/{folder(30, 0)}"
     assert restored["step"] == 30 and torch.equal(restored["weights"], state(30)["weights"])
 
 
@@ -85,7 +90,7 @@ def test_the_checkpoint_record_comes_once_the_commit_landed(
     saver.save(5, state(5), reason="signal")  # a stop save: committed when save returns
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     (record,) = [r for r in records if r["event"] == "checkpoint"]
-    assert (record["step"], record["path"], record["reason"]) == (5, f"{s3_bucket.url}/step-5-a0", "signal")
+    assert (record["step"], record["path"], record["reason"]) == (5, f"{s3_bucket.url}/{folder(5, 0)}", "signal")
     assert store_of(s3_bucket).latest().step == 5  # type: ignore[union-attr]
 
 
@@ -97,32 +102,34 @@ def test_a_stale_attempts_late_commit_is_refused_and_changes_nothing(
     stale.save(10, state(10), wait=True)
     holder = checkpointer(tmp_path, s3_bucket, 1, metrics=MetricsLogger(0, None))
     where, _ = holder.load()  # type: ignore[misc]
-    assert where.endswith("step-10-a0")
+    assert where.endswith(folder(10, 0))
 
     # The zombie of attempt 0 trained on and saves step 20 after attempt 1 took the store.
-    with pytest.raises(CheckpointError, match="step 20 by attempt 0 was refused: attempt 1 holds the store"):
+    with pytest.raises(
+        CheckpointError, match="step 20 by attempt 0 was refused: attempt 1 of this job holds the store"
+    ):
         stale.save(20, state(20), wait=True)
     assert store_of(s3_bucket).latest().step == 10  # type: ignore[union-attr]
-    assert "step-20-a0/state.pt" in paths(s3_bucket), "its bytes were uploaded; they never count"
+    assert f"{folder(20, 0)}/state.pt" in paths(s3_bucket), "its bytes were uploaded; they never count"
 
     holder.save(12, state(12), wait=True)  # the holder's next commit prunes the stale bytes and reports
-    assert "step-20-a0/state.pt" not in paths(s3_bucket)
+    assert f"{folder(20, 0)}/state.pt" not in paths(s3_bucket)
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     (refused,) = [r for r in records if r["event"] == "checkpoint_refused"]
     assert (refused["refused_attempt"], refused["current_attempt"], refused["step"]) == (0, 1, 20)
-    assert refused["path"] == f"{s3_bucket.url}/step-20-a0"
+    assert refused["path"] == f"{s3_bucket.url}/{folder(20, 0)}"
     where, restored = checkpointer(tmp_path, s3_bucket, 2).load()  # type: ignore[misc]
-    assert where.endswith("step-12-a1") and restored["step"] == 12
+    assert where.endswith(folder(12, 1)) and restored["step"] == 12
 
 
 def test_a_late_starter_of_an_old_attempt_cannot_take_the_store_back(tmp_path: Path, s3_bucket: Any) -> None:
     checkpointer(tmp_path, s3_bucket, 3).load()
-    with pytest.raises(CheckpointError, match="attempt 3 of this job holds it; attempt 2 is stale"):
+    with pytest.raises(CheckpointError, match="attempt 3 of this job registered; attempt 2 is stale"):
         checkpointer(tmp_path, s3_bucket, 2).load()
     # Another job on the same location takes it over (it resumes what is there, like a volume's).
     checkpointer(tmp_path, s3_bucket, 3).save(7, state(7), wait=True)
     where, _ = checkpointer(tmp_path, s3_bucket, 0, job="a-new-job").load()  # type: ignore[misc]
-    assert where.endswith("step-7-a3")
+    assert where.endswith(folder(7, 3))
 
 
 def test_two_writers_racing_for_one_log_entry_get_one_order(tmp_path: Path, s3_bucket: Any) -> None:
@@ -188,9 +195,9 @@ def test_a_kill_during_an_upload_resumes_the_previous_commit(tmp_path: Path, s3_
     store = store_of(s3_bucket)
     assert [e.step for e in valid_commits(store.read_log())] == [1], "killed before step 2's commit"
     if where == "before-commit":
-        assert "step-2-a0/state.pt" in paths(s3_bucket), "the payload was complete: only the commit was missing"
+        assert f"{folder(2, 0)}/state.pt" in paths(s3_bucket), "the payload was complete: only the commit was missing"
     where_resumed, restored = checkpointer(tmp_path, s3_bucket, 1).load()  # type: ignore[misc]
-    assert where_resumed.endswith("step-1-a0") and restored["step"] == 1
+    assert where_resumed.endswith(folder(1, 0)) and restored["step"] == 1
 
 
 def test_wrong_credentials_name_the_location_and_never_the_secret(
@@ -240,7 +247,7 @@ def test_a_survivor_commits_its_step_alone_and_a_stale_one_is_refused(tmp_path: 
     alone = Checkpointer(
         tmp_path / "rank1", rank=1, world_size=2, object_store=config(s3_bucket), job="job-uid", attempt=4
     )
-    assert alone.save_alone(9, state(9), reason="peer_lost") == f"{s3_bucket.url}/step-9-a4"
+    assert alone.save_alone(9, state(9), reason="peer_lost") == f"{s3_bucket.url}/{folder(9, 4, rank=1)}"
     assert not any((tmp_path / "rank1" / ".staging").iterdir()), "the staged copy goes once committed"
     stale = Checkpointer(
         tmp_path / "old", rank=1, world_size=2, object_store=config(s3_bucket), job="job-uid", attempt=3
@@ -250,5 +257,5 @@ def test_a_survivor_commits_its_step_alone_and_a_stale_one_is_refused(tmp_path: 
 
     reader = checkpointer(tmp_path, s3_bucket, 5, resizable=True)
     where, restored = reader.load()  # type: ignore[misc]
-    assert where.endswith("step-9-a4") and torch.equal(restored["weights"], state(9)["weights"])
+    assert where.endswith(folder(9, 4, rank=1)) and torch.equal(restored["weights"], state(9)["weights"])
     assert reader.loaded_reason == "peer_lost"
