@@ -105,7 +105,9 @@ def test_random_sigkills_of_ranks_end_with_the_undisturbed_runs_weights(
     step, saved, meta = newest_in_store(s3_bucket, tmp_path)
     assert meta["reason"] in ("final", "epoch") and step == records(run_dir)[-1]["total_steps"]
     assert_same_weights(expected, saved["state"]["model"])
-    assert run_status(run_dir).last_checkpoint.path == f"{s3_bucket.url}/step-{step}-a{result['attempts'] - 1}"  # type: ignore[union-attr]
+    # One folder per writer: step, attempt, rank and the job's tag (trainer/objectstore.py).
+    newest = run_status(run_dir).last_checkpoint.path  # type: ignore[union-attr]
+    assert newest.startswith(f"{s3_bucket.url}/step-{step}-a{result['attempts'] - 1}-r"), newest
 
 
 # Periodic saves off; from step 30 rank 0 takes 0.3 s a step, so the run cannot end before the
@@ -144,7 +146,7 @@ def test_ctrl_c_commits_the_stop_checkpoint_to_the_store_and_a_rerun_loses_none(
     assert_same_weights(expected, saved["state"]["model"])
 
 
-def test_wrong_credentials_fail_clearly_before_a_step_and_print_no_secret(
+def test_wrong_credentials_fail_the_job_at_once_clearly_and_print_no_secret(
     tmp_path: Path, s3_bucket: Any, credentials: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     secret = "not-the-secret-" + os.urandom(8).hex()
@@ -158,8 +160,14 @@ def test_wrong_credentials_fail_clearly_before_a_step_and_print_no_secret(
     assert not [r for r in records(run_dir) if r["event"] == "step"], "it failed before training: no step to lose"
     node0 = (run_dir / "node-0.log").read_text()
     assert f"checkpoint store {s3_bucket.url} (endpoint {s3_bucket.server.endpoint})" in node0
-    failure = run_status(run_dir).failures[0].message  # type: ignore[index]
-    assert f"checkpoint store {s3_bucket.url}" in failure and "SignatureDoesNotMatch" in failure, failure
+    status = run_status(run_dir)
+    assert status.restarts == 0, "no retry can cure a refused credential: the job fails at once"
+    failure = status.failures[0]  # type: ignore[index]
+    assert failure.reason == "CheckpointStoreDenied", failure
+    # The cause first, the store named, one sentence: no traceback, no client debug dump.
+    assert failure.message.startswith(f"checkpoint store {s3_bucket.url}"), failure.message
+    assert "SignatureDoesNotMatch" in failure.message and "Traceback" not in failure.message, failure.message
+    assert len(failure.message) < 600 and "Debug source" not in failure.message, failure.message
     leaks = [str(p) for p in run_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert secret not in out and not leaks, f"the secret was printed: {leaks}"
     assert obstore.list(s3_bucket.store(), prefix=s3_bucket.prefix).collect() == [], "nothing written"

@@ -1,12 +1,14 @@
 """Checkpoints on object storage on a real node: a TrainingJob with no PVC at all, only
 `checkpoint.objectStore` on a SeaweedFS server (on the node's bridge IP, which pods reach) and a
-credentials Secret, survives `kubectl delete pod` with 0 steps lost."""
+credentials Secret, survives `kubectl delete pod` with 0 steps lost, of node 1's pod (the stop
+save) and of node 0's in a gang of 3 (the survivors' save, committed once)."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +19,9 @@ from support.realjobs import RealJobs, job_manifest, real_jobs
 from support.s3server import S3Server
 from support.waiting import wait_for
 
+from kubetrain.api.models import ObjectStoreConfig
 from kubetrain.api.records import records_in
+from kubetrain.trainer.objectstore import ObjectStore
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(30 * 60)]
 
@@ -83,7 +87,7 @@ def test_a_job_with_only_an_object_store_loses_no_step_to_a_deleted_pod(jobs: tu
     first, second = records_of(real.logs("deleted", 0)), records_of(real.logs("deleted", 1))
     reached = max(r["step"] for r in first if r["event"] == "step")
     (stop,) = [r for r in first if r["event"] == "checkpoint" and r.get("reason") == "signal"]
-    assert stop["step"] == reached and stop["path"] == f"{url}/step-{reached}-a0", stop
+    assert stop["step"] == reached and stop["path"].startswith(f"{url}/step-{reached}-a0-r"), stop
     (resumed,) = [r for r in second if r["event"] == "resume"]
     assert (resumed["step"], resumed["path"]) == (reached, stop["path"]), "0 steps lost"
     assert status["lastCheckpoint"]["path"].startswith(url + "/step-"), status["lastCheckpoint"]
@@ -98,3 +102,60 @@ def test_a_job_with_only_an_object_store_loses_no_step_to_a_deleted_pod(jobs: tu
     events = real.kubectl("get", "events", "-n", NAMESPACE, "-o", "json").stdout
     assert secret_value not in events
     real.delete("deleted")
+
+
+def test_node_0s_pod_deleted_the_survivors_commit_its_step_once_and_the_gang_resumes_it(
+    jobs: tuple[RealJobs, S3Server], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3 nodes, and node 0's pod (which holds the rendezvous store) deleted mid-run: with no store
+    to elect one saver, both survivors save the last step, each with bytes of its own (its RNG
+    state). One writer per commit (trainer/objectstore.py): the step is committed once, from one
+    payload whose bytes match its commit, and the next attempt resumes it: 0 steps lost. Rank 0
+    hangs at step 30 first (a fault), so that no stop save of node 0 can keep the step instead."""
+    real, server = jobs
+    server.create_bucket("survivors")
+    url = "s3://survivors/three"
+    env = server.env()
+    real.kubectl(
+        "create", "secret", "generic", "survivors-store", "-n", NAMESPACE,
+        f"--from-literal=AWS_ACCESS_KEY_ID={env['AWS_ACCESS_KEY_ID']}",
+        f"--from-literal=AWS_SECRET_ACCESS_KEY={env['AWS_SECRET_ACCESS_KEY']}",
+    )  # fmt: skip
+    job = job_manifest(
+        "survivors", NAMESPACE, overlay=real.overlay, fault="hang,rank=0,step=30",
+        training={"epochs": 20, "logEverySteps": 1},
+    )  # fmt: skip
+    job["spec"]["nodes"] = 3
+    job["spec"]["checkpoint"] = {
+        "dir": "/checkpoints",
+        "everySteps": 1_000_000,  # periodic saves off: only the survivors' save can keep step 30
+        "keep": 2,
+        "objectStore": {"url": url, "endpoint": server.endpoint, "credentialsSecret": "survivors-store"},
+    }
+    real.apply(job)
+    wait_for(lambda: len(real.pods("survivors")) == 3, 300, "the 3 pods")
+    # Rank 0 logged step 30 and hangs there; the survivors wait for it in step 31's all-reduce.
+    real.wait("survivors", lambda j: (j["status"].get("progress") or {}).get("step", 0) >= 30, "step 30")
+    real.kubectl("delete", "pod", "survivors-node-0", "-n", NAMESPACE, "--grace-period=1", "--wait=false")
+
+    done = real.wait("survivors", succeeded, "Succeeded", 900)
+    status = done["status"]
+    assert status["failures"][0]["rank"] == 0, status["failures"]
+    first = real.logs("survivors", 0)
+    reached = max(r["step"] for r in records_of(first) if r["event"] == "step")
+    assert reached == 30, "rank 0 hung at step 30"
+    saved = [line for line in first.splitlines() if "a peer is gone: step 30 saved in" in line]
+    assert {line.partition("]")[0] for line in saved} <= {"[node-1", "[node-2"} and saved, first[-6000:]
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    store = ObjectStore(ObjectStoreConfig(url=url, endpoint=server.endpoint), job="reader", attempt=0)
+    commits = [e for e in store.read_log() if e.kind == "commit" and e.step == 30]
+    assert len(commits) == 1, f"step 30 is committed once, whichever survivor finished first: {commits}"
+    store.download(commits[0], tmp_path / "step-30.pt")  # raises unless its bytes match the commit
+
+    second = records_of(real.logs("survivors", status["attempt"]))
+    (resumed,) = [r for r in second if r["event"] == "resume"]
+    assert (resumed["step"], resumed["path"]) == (30, store.url(commits[0].folder)), "0 steps lost"
+    assert not [r for r in second if r["event"] == "checkpoint_skipped"], "the newest commit was usable"
+    real.delete("survivors")

@@ -8,10 +8,20 @@ from typing import Any
 
 import pytest
 
+from kubetrain.api.contract import unrecoverable
 from kubetrain.api.models import Failure, FailurePolicy, TrainingJobStatus
-from kubetrain.api.records import fold
-from kubetrain.operator.failures import Raised, completed, describe_rule, error_of, judge, repeated_error
-from kubetrain.operator.pods import PodCondition
+from kubetrain.api.records import GangFailure, fold
+from kubetrain.operator.failures import (
+    Raised,
+    completed,
+    describe_rule,
+    error_of,
+    failure_of,
+    held_failure,
+    judge,
+    repeated_error,
+)
+from kubetrain.operator.pods import PodCondition, PodView
 
 pytestmark = pytest.mark.unit
 
@@ -258,3 +268,55 @@ def test_repeated_error_is_the_same_exception_at_the_same_line_in_the_attempt_be
     previous: Failure | None, failed: Failure, repeated: Raised | None
 ) -> None:
     assert repeated_error(previous, failed) == repeated
+
+
+# A failure the trainer marked unrecoverable (api/contract.py) fails the job at once, with its reason
+# and one sentence instead of the log's tail; a user's rule, read first, may still restart it.
+DENIED = unrecoverable(
+    "CheckpointStoreDenied",
+    "checkpoint store s3://b/p (endpoint http://s3:8333) refused reading the log: 403 Forbidden",
+)
+TAIL = f"Traceback (most recent call last):\n  File 'x.py', line 3\nobjectstore.Unrecoverable: {DENIED}\n"
+
+
+def test_a_marked_pod_failure_takes_the_marks_reason_and_one_sentence_and_fails_the_job() -> None:
+    pod = PodView(
+        name="j-node-1", uid="u", job_uid="j", rank=1, attempt=0, phase="Failed", terminating=False,
+        created=None, exit_code=1, reason="Error", message=TAIL,
+    )  # fmt: skip
+    failed = failure_of(pod, 0, "failed", datetime(2026, 1, 1, tzinfo=UTC))
+    assert failed.reason == "CheckpointStoreDenied"
+    assert (
+        failed.message == "checkpoint store s3://b/p (endpoint http://s3:8333) refused reading the log: 403 Forbidden"
+    )
+    verdict = judge(None, failed, ())
+    assert verdict.action == "FailJob"
+    assert verdict.rule is not None and "CheckpointStoreDenied" in verdict.rule
+
+
+def test_a_marked_gang_failure_fails_the_job_unless_a_users_rule_restarts_it() -> None:
+    held = GangFailure(
+        attempt=2, node=0, rank=3, exit_code=1, reason="Error", message=TAIL, time=datetime(2026, 1, 1, tzinfo=UTC)
+    )
+    failed = held_failure(held, None, "j-node-0")
+    assert (failed.reason, failed.attempt, failed.exit_code) == ("CheckpointStoreDenied", 2, 1)
+    assert failed.message.startswith("checkpoint store s3://b/p") and "Traceback" not in failed.message
+    assert judge(None, failed, ()).action == "FailJob"
+    mine = policy({"action": "RestartJob", "onFailureReasons": ["CheckpointStoreDenied"]})
+    assert judge(mine, failed, ()).action == "RestartJob"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[kubetrain-unrecoverable NoSuchThing] made up",  # an unknown reason counts for nothing
+        "Error: 403 Forbidden while reading",  # no mark: an ordinary failure
+    ],
+)
+def test_an_unmarked_failure_keeps_its_reason_and_restarts(text: str) -> None:
+    held = GangFailure(
+        attempt=0, node=0, rank=0, exit_code=1, reason="Error", message=text, time=datetime(2026, 1, 1, tzinfo=UTC)
+    )
+    failed = held_failure(held, None, "j-node-0")
+    assert failed.reason == "Error"
+    assert judge(None, failed, ()).action == "RestartJob"

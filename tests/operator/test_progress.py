@@ -220,6 +220,43 @@ def test_a_refused_commit_is_remembered_newest_first_and_moves_no_progress() -> 
     assert fold_refusal(mark("checkpoint_refused", T, step=40, path="s3://b/x"), None) is None
 
 
+# --- a resume that walked back past an unusable commit (checkpoint_skipped) -----------------
+
+
+def test_a_skipped_commit_is_remembered_newest_first_warned_once_and_moves_no_progress() -> None:
+    from kubetrain.api.models import CheckpointSkip, TrainingJobStatus
+    from kubetrain.api.records import fold_skip
+    from kubetrain.operator.progress import fold as fold_status
+    from kubetrain.operator.progress import refusal_events
+
+    def skipped(at: float, step: int) -> str:
+        path = f"s3://bucket/runs/a/step-{step}-a1-r0-0123abcd"
+        return mark("checkpoint_skipped", at, step=step, attempt=2, path=path, why="state.pt is missing")
+
+    before, checkpoint = parse(line("step", step=60, loss=1.0))
+    assert parse(skipped(T, 40), before, checkpoint) == (before, checkpoint), "a skip is no progress"
+    first = fold_skip("a log line\n" + skipped(T, 40), None)
+    assert first == CheckpointSkip(
+        attempt=2,
+        step=40,
+        path="s3://bucket/runs/a/step-40-a1-r0-0123abcd",
+        why="state.pt is missing",
+        time=datetime(2023, 11, 14, 22, 15, tzinfo=UTC),
+    )
+    assert fold_skip(skipped(T, 40), first) == first, "the same record read again"
+    newer = fold_skip(skipped(T + 5, 50), first)
+    assert newer is not None and newer.step == 50
+    assert fold_skip(skipped(T, 40), newer) == newer, "an older skip found later does not replace it"
+    assert fold_skip(mark("checkpoint_skipped", T, step=40), None) is None, "a record naming no path"
+
+    stored = TrainingJobStatus()
+    folded = fold_status(stored, skipped(T, 40))
+    (event,) = refusal_events(stored, folded)
+    assert (event.type, event.reason) == ("Warning", "CheckpointSkipped")
+    assert "step 40 (s3://bucket/runs/a/step-40-a1-r0-0123abcd)" in event.message and "missing" in event.message
+    assert refusal_events(folded, fold_status(folded, skipped(T, 40))) == [], "warned once"
+
+
 # --- a torchrun agent's runtime fallback (kubetrain.trainer.torch_private) ------------------
 
 
