@@ -15,8 +15,9 @@ save by save so that the machine's load falls on each alike:
 
 The stall is the wall time of the `save` call, as the training loop feels it. For the background
 arm it includes waiting for the previous upload when saves come faster than uploads (reported
-apart), and the steps trained while an upload is in flight are timed against those of the volume
-arm: what the upload takes from training on a 2-core machine.
+apart), and the steps trained while an upload thread is alive (alive at the step's end) are timed
+against the volume arm's steps: what the upload takes from the steps beside it on a 2-core machine;
+the steps after it ended are reported apart.
 
 Results go to benchmarks/results/checkpoint_upload.json (or --output).
 """
@@ -67,19 +68,25 @@ def build(name: str) -> tuple[Any, Any, int]:
     return model, optimizer, sum(p.numel() for p in model.parameters())
 
 
-def train_steps(model: Any, optimizer: Any, count: int, features: int, batch: int = 16) -> list[float]:
+def train_steps(
+    model: Any, optimizer: Any, count: int, features: int, uploading: Any = None, batch: int = 16
+) -> tuple[list[float], list[float]]:
+    """`count` steps' times, split in two: (those that ended while `uploading()` said an upload
+    thread was alive, the others). A step counts as during the upload when the thread is still
+    alive at its end: all of it ran beside the upload."""
     import torch
     import torch.nn.functional as F
 
-    times = []
+    during, after = [], []
     for _ in range(count):
         started = time.perf_counter()
         x, y = torch.randn(batch, features), torch.randint(0, 10, (batch,))
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - started)
-    return times
+        took = time.perf_counter() - started
+        (during if uploading is not None and uploading() else after).append(took)
+    return during, after
 
 
 def measure(name: str, server: S3Server, saves: int, steps_between: int, workdir: Path) -> dict[str, Any]:
@@ -103,20 +110,26 @@ def measure(name: str, server: S3Server, saves: int, steps_between: int, workdir
     stalls: dict[str, list[float]] = {arm: [] for arm in ARMS}
     waited: list[float] = []
     steps_after: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    # The background arm's steps that ran while its upload thread was alive (the rest are in steps_after).
+    steps_during: list[float] = []
     step = 0
     for _ in range(saves):
         for arm in ARMS:
             step += 1
             ckpt = checkpointers[arm]
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
-            if arm == "background" and ckpt._uploader is not None and ckpt._uploader._thread is not None:
+            uploader = ckpt._uploader
+            if arm == "background" and uploader is not None and uploader.running() is not None:
                 started = time.perf_counter()
-                ckpt._uploader._thread.join()
+                uploader.wait()
                 waited.append(time.perf_counter() - started)
             started = time.perf_counter()
             ckpt.save(step, state, wait=arm == "sync")
             stalls[arm].append(time.perf_counter() - started + (waited[-1] if arm == "background" and waited else 0))
-            steps_after[arm] += train_steps(model, optimizer, steps_between, features)
+            uploading = (lambda u=ckpt._uploader: u.running() is not None) if arm == "background" else None
+            during, after = train_steps(model, optimizer, steps_between, features, uploading)
+            steps_during += during
+            steps_after[arm] += after
     for ckpt in checkpointers.values():
         ckpt.wait()
     size = sum(p.stat().st_size for p in (workdir / f"{name}-volume").glob("step-*/state.pt"))
@@ -128,11 +141,21 @@ def measure(name: str, server: S3Server, saves: int, steps_between: int, workdir
             "stalls_s": [round(s, 4) for s in stalls[arm]],
             "step_median_s_after_save": round(statistics.median(steps_after[arm]), 5),
         }
+    # Each arm trains the same steps_between steps after each save: the volume arm's are steps with
+    # nothing beside them; the background arm's split into those that ran beside its upload and after.
     summary["background"]["waited_for_previous_upload_s"] = [round(w, 4) for w in waited]
     sync, background = summary["sync"]["stall_median_s"], summary["background"]["stall_median_s"]
     summary["background_over_sync_stall"] = round(background / sync, 3) if sync else None
     volume_step = summary["volume"]["step_median_s_after_save"]
-    summary["step_slowdown_during_upload"] = round(summary["background"]["step_median_s_after_save"] / volume_step, 3)
+    summary["background"]["steps_during_upload"] = len(steps_during)
+    summary["background"]["step_median_s_during_upload"] = (
+        round(statistics.median(steps_during), 5) if steps_during else None
+    )
+    # What the upload takes from the steps that run beside it (None: every upload ended within a step).
+    summary["step_slowdown_during_upload"] = (
+        round(statistics.median(steps_during) / volume_step, 3) if steps_during else None
+    )
+    summary["step_slowdown_after_upload"] = round(summary["background"]["step_median_s_after_save"] / volume_step, 3)
     return summary
 
 

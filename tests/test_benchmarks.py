@@ -115,6 +115,9 @@ def test_checkpoint_upload_benchmark_runs(tmp_path: Path) -> None:
     digits = result["models"]["digits"]
     assert digits["saves_per_arm"] == 2 and digits["checkpoint_bytes"] > 0
     assert all(len(digits[arm]["stalls_s"]) == 2 for arm in ("volume", "sync", "background"))
+    # The steps beside an upload are told from those after it: a slowdown only where some ran.
+    during = digits["background"]["steps_during_upload"]
+    assert (digits["step_slowdown_during_upload"] is None) == (during == 0), digits
     assert result["targets"]["100m_background_stall_at_most_half_the_sync_stall"] is None  # not measured
 
 
