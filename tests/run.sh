@@ -36,7 +36,28 @@ IMAGES=0
 case $TIER in node | e2e | bench | all) IMAGES=1 ;; esac
 
 START=$SECONDS
-step() { printf '\n== [%4ds] %s\n' "$((SECONDS - START))" "$*"; }
+# The budget: each phase's seconds, printed as a table when the run ends (pass or fail), so a CI
+# log says where its time went. It only reports; nothing fails on time.
+PHASES=()
+PHASE_NAME=""
+PHASE_START=$SECONDS
+end_phase() {
+  [ -z "$PHASE_NAME" ] || PHASES+=("$(printf '%6ds  %s' "$((SECONDS - PHASE_START))" "$PHASE_NAME")")
+  PHASE_NAME=""
+}
+budget() {
+  end_phase
+  printf '\n== budget (seconds per phase; the slowest tests are listed above)\n'
+  printf '%s\n' "${PHASES[@]}"
+  printf '%6ds  total\n' "$((SECONDS - START))"
+}
+trap budget EXIT
+step() {
+  end_phase
+  PHASE_NAME=$*
+  PHASE_START=$SECONDS
+  printf '\n== [%4ds] %s\n' "$((SECONDS - START))" "$*"
+}
 
 step "python environment ($VENV)"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
@@ -75,12 +96,16 @@ SLOWEST=(--durations=15 --durations-min=20)
 case $TIER in
   unit | train)
     step "pytest -m $TIER ${PARALLEL[*]}"
-    exec python -m pytest -m "$TIER" "${PARALLEL[@]}" "$@"
+    status=0
+    python -m pytest -m "$TIER" "${PARALLEL[@]}" "$@" || status=$?
+    exit "$status"
     ;;
   all) ;;
   *)
     step "pytest -m $TIER"
-    exec python -m pytest -m "$TIER" "$@"
+    status=0
+    python -m pytest -m "$TIER" "$@" || status=$?
+    exit "$status"
     ;;
 esac
 step "pytest -m 'unit or train' ${PARALLEL[*]}"
