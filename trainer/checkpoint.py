@@ -339,6 +339,7 @@ class Checkpointer:
             dist.gather_object(mine, ranks if self.rank == 0 else None, dst=0)
         # Only once the gather went through: a peer lost during it leaves the step unsaved, and
         # the survivor's save (kubetrain.trainer.survivor) must not take it for saved.
+        saved_before = self.last_step
         self.last_step, self._last_time = step, time.monotonic()
         if self.rank != 0:
             return None
@@ -356,6 +357,7 @@ class Checkpointer:
             running = uploader.running() or "the previous upload is stuck"
             if not must_commit:
                 self.skipped_saves += 1
+                self.last_step = saved_before  # not saved: rank 0's survivor save may still take it
                 _warn(f"checkpoint of step {step} skipped: {running} (the store may be hung); training goes on")
                 return None
             _warn(f"{running} (the store may be hung): step {step} is uploaded beside it, and counts first")
