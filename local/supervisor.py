@@ -59,7 +59,7 @@ from kubetrain.operator.conditions import is_true
 from kubetrain.operator.decision import DEFAULT_POLICY, Decision, Policy
 from kubetrain.operator.forensics import RankStacks
 from kubetrain.operator.pods import PodView
-from kubetrain.operator.progress import refusal_event, skip_event
+from kubetrain.operator.progress import refusal_events
 from kubetrain.operator.render import grace_seconds
 from kubetrain.operator.status import decide
 
@@ -453,31 +453,23 @@ class Supervisor:
             status.progress, status.last_checkpoint = fold(text, status.progress, status.last_checkpoint)
             status.timeline = fold_timeline(text, status.timeline)
             self._publish()
-        if record["event"] == REFUSED:  # a stale attempt's, so whichever attempt the node runs
-            self._refused(text)
-        if record["event"] == SKIPPED:
-            self._skipped(text)
+        if record["event"] in (REFUSED, SKIPPED):  # a refusal is a stale attempt's: whichever attempt the node runs
+            self._checkpoint_notes(text)
         if record["event"] not in AGENT_EVENTS:
             self.result.observe(record, time.monotonic() - self._started)
             self.view.record(record)
 
-    def _refused(self, text: str) -> None:
-        """The object store refused a commit: as the operator records it (lastCheckpointRefusal)
-        and posts its Warning Event once, status.json holds it and a warning line shows it once."""
-        before = self.status.last_checkpoint_refusal
-        self.status.last_checkpoint_refusal = fold_refusal(text, before)
-        event = refusal_event(before, self.status.last_checkpoint_refusal)
-        if event is not None:
+    def _checkpoint_notes(self, text: str) -> None:
+        """A commit the object store refused, or one a resume walked back past: as the operator
+        records them (lastCheckpointRefusal, lastCheckpointSkipped) and posts each Warning Event
+        once, status.json holds them and a warning line shows each once."""
+        before = self.status.model_copy()
+        self.status.last_checkpoint_refusal = fold_refusal(text, before.last_checkpoint_refusal)
+        self.status.last_checkpoint_skipped = fold_skip(text, before.last_checkpoint_skipped)
+        events = refusal_events(before, self.status)
+        for event in events:
             self.view.notice(f"{event.reason}: {event.message}")
-            self._publish(force=True)
-
-    def _skipped(self, text: str) -> None:
-        """A resume walked back past an unusable commit: lastCheckpointSkipped, and a warning once."""
-        before = self.status.last_checkpoint_skipped
-        self.status.last_checkpoint_skipped = fold_skip(text, before)
-        event = skip_event(before, self.status.last_checkpoint_skipped)
-        if event is not None:
-            self.view.notice(f"{event.reason}: {event.message}")
+        if events:
             self._publish(force=True)
 
     def _agent_record(self, node: _Node, record: dict[str, Any], text: str) -> None:

@@ -89,9 +89,9 @@ def test_a_failed_run_has_the_cluster_status_and_names_the_failing_node(tmp_path
     assert (tmp_path / "run" / "node-1.log").read_text().count("bad config") == 2
 
 
-def test_a_refused_checkpoint_is_one_warning_line_and_in_status_json(tmp_path: Path) -> None:
+def test_a_refused_or_skipped_checkpoint_is_one_warning_line_and_in_status_json(tmp_path: Path) -> None:
     """As the operator posts one CheckpointRefused Event: the holder's rank 0 may report the same
-    refusal again (a resumed holder), the run shows it once."""
+    refusal again (a resumed holder), the run shows it once. So is a commit a resume skipped."""
     refused = {
         "event": "checkpoint_refused",
         "time": 1_800_000_005,
@@ -102,7 +102,16 @@ def test_a_refused_checkpoint_is_one_warning_line_and_in_status_json(tmp_path: P
         "refused_attempt": 0,
         "current_attempt": 1,
     }
-    lines = "\n".join([json.dumps(RECORDS[1]), json.dumps(refused), json.dumps(refused)])
+    skipped = {
+        "event": "checkpoint_skipped",
+        "time": 1_800_000_006,
+        "step": 30,
+        "epoch": 0,
+        "path": "s3://bucket/runs/a/step-30-a0-r0-0123abcd",
+        "why": "its payload is missing",
+        "attempt": 1,
+    }
+    lines = "\n".join([json.dumps(r) for r in (RECORDS[1], refused, refused, skipped, skipped)])
     script = f"import os\nif os.environ['NODE_RANK'] == '0':\n    print({lines!r}, flush=True)"
     done, status = run(fake_job(script), tmp_path)
     assert done.returncode == 0, done.stdout
@@ -112,4 +121,6 @@ def test_a_refused_checkpoint_is_one_warning_line_and_in_status_json(tmp_path: P
     )
     assert done.stdout.count("CheckpointRefused") == 1 and warning in done.stdout.splitlines(), done.stdout
     assert status.last_checkpoint_refusal is not None and status.last_checkpoint_refusal.step == 40
+    assert done.stdout.count("CheckpointSkipped") == 1, done.stdout
+    assert status.last_checkpoint_skipped is not None and status.last_checkpoint_skipped.step == 30
     assert status.progress is not None and status.progress.step == 5, "the refusal moved no progress"
