@@ -440,7 +440,12 @@ class ObjectStore:
                 taker = self._taken_from_us(entries)
                 if taker is not None:
                     raise self._taken_over(taker, f"the commit of step {step}")
-                holding = f"attempt {holder[1]} of this job holds the store" if holder else "nobody holds the store"
+                if holder is None:
+                    holding = "nobody holds the store"
+                elif holder[0] == self.job:
+                    holding = f"attempt {holder[1]} of this job holds the store"
+                else:
+                    holding = f"job {holder[0]} (attempt {holder[1]}) holds the store"
                 raise CommitRefused(
                     f"checkpoint store {self.where()}: the commit of step {step} by attempt {self.attempt} "
                     f"was refused: {holding} (this attempt is stale)"
