@@ -139,7 +139,8 @@ def measure(name: str, server: S3Server, saves: int, steps_between: int, workdir
             "stall_median_s": round(statistics.median(stalls[arm]), 4),
             "stall_max_s": round(max(stalls[arm]), 4),
             "stalls_s": [round(s, 4) for s in stalls[arm]],
-            "step_median_s_after_save": round(statistics.median(steps_after[arm]), 5),
+            # None where every step after a save ran beside its upload (the background arm, at a few steps apart).
+            "step_median_s_after_save": round(statistics.median(steps_after[arm]), 5) if steps_after[arm] else None,
         }
     # Each arm trains the same steps_between steps after each save: the volume arm's are steps with
     # nothing beside them; the background arm's split into those that ran beside its upload and after.
@@ -155,7 +156,8 @@ def measure(name: str, server: S3Server, saves: int, steps_between: int, workdir
     summary["step_slowdown_during_upload"] = (
         round(statistics.median(steps_during) / volume_step, 3) if steps_during else None
     )
-    summary["step_slowdown_after_upload"] = round(summary["background"]["step_median_s_after_save"] / volume_step, 3)
+    after = summary["background"]["step_median_s_after_save"]
+    summary["step_slowdown_after_upload"] = round(after / volume_step, 3) if after is not None else None
     return summary
 
 
