@@ -45,6 +45,7 @@ end_phase() {
   [ -z "$PHASE_NAME" ] || PHASES+=("$(printf '%6ds  %s' "$((SECONDS - PHASE_START))" "$PHASE_NAME")")
   PHASE_NAME=""
 }
+# shellcheck disable=SC2329  # invoked by the EXIT trap below
 budget() {
   end_phase
   printf '\n== budget (seconds per phase; the slowest tests are listed above)\n'
