@@ -538,7 +538,7 @@ class Worker:
 
 
 def test_an_agent_waits_for_armed_workers_to_save_and_exit_but_not_for_others(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """After a gang failure the agent kills its workers at once, unless the attempt's trainer armed
     the survivor's save: then it gives them up to the grace to exit on their own."""
@@ -569,10 +569,11 @@ def test_an_agent_waits_for_armed_workers_to_save_and_exit_but_not_for_others(
         agent.exits.watch([stuck.pid])
         monkeypatch.setenv(survivor.GRACE_ENV, "0.3")
         started = time.monotonic()
-        agent._await_survivors(group)
-        waited = time.monotonic() - started
-        assert waited >= 0.3 and stuck.poll() is None, "a worker that does not exit waits the grace"
-        assert waited < 60, "no more than the grace"
+        with caplog.at_level(logging.WARNING, logger="kubetrain.agent"):
+            agent._await_survivors(group)
+        # The agent's own verdict, not a clock: the grace ran out with the worker still running.
+        assert stuck.poll() is None and "killing them" in caplog.text, "a worker that does not exit waits the grace"
+        assert time.monotonic() - started < 60, "no more than the grace"
     finally:
         stuck.kill()
         stuck.wait()
