@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from support import controlplane, leftovers, s3server, tiers, tools
+from support import controlplane, leftovers, s3server, tiers, tools, worker_groups
 from support.controlplane import ControlPlane
 from support.objects import release_pods
 from support.operator_process import OperatorProcess, running_operator
@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(tiers, "kubetrain-tiers")
     config.pluginmanager.register(leftovers, "kubetrain-leftovers")
+    config.pluginmanager.register(worker_groups, "kubetrain-worker-groups")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -11,7 +11,7 @@
 #   bench    + the Kubeflow operator (a benchmark's peer) and, as root, the real node and the images
 #   all      (default, what CI runs through .ci/run) everything, and every test: the unit and
 #            train tiers first, spread over the cores, then the runtime's on the lowest torch
-#            README claims (LOW_TORCH, its own venv), then the rest in one process
+#            README claims (LOW_TORCH, its own venv), then the rest, side by side by module
 # Without root the node and the images are not built: their tests skip, naming root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -89,9 +89,13 @@ mypy
 
 # The unit and train tiers' tests wait on processes of their own much of the time: pytest-xdist
 # spreads them over the cores (2 idle cores: 9.0 -> 6.8 min for both; at most 4 workers, each test
-# may start 5 torch processes). The tiers above share one control plane and one node per session:
-# one process, after.
+# may start 5 torch processes).
 PARALLEL=(-n "${KUBETRAIN_TEST_WORKERS:-logical}" --maxprocesses 4)
+# The tiers above mostly wait (kubelet syncs, back-offs, grace periods): they run after, on
+# workers of their own, each with its own control plane; every module that starts the real node
+# on one worker, one module after another, the others on the second (tests/support/worker_groups.py;
+# a third worker only adds load: the node's modules are the longest part either way).
+WAITING=(-n "${KUBETRAIN_WAITING_WORKERS:-2}" --dist loadscope --no-loadscope-reorder)
 # The slowest tests of each run, printed at its end: where CI's time goes.
 SLOWEST=(--durations=15 --durations-min=20)
 case $TIER in
@@ -103,9 +107,9 @@ case $TIER in
     ;;
   all) ;;
   *)
-    step "pytest -m $TIER"
+    step "pytest -m $TIER ${WAITING[*]}"
     status=0
-    python -m pytest -m "$TIER" "$@" || status=$?
+    python -m pytest -m "$TIER" "${WAITING[@]}" "$@" || status=$?
     exit "$status"
     ;;
 esac
@@ -116,9 +120,9 @@ python -m pytest -m "unit or train" "${PARALLEL[@]}" "${SLOWEST[@]}" "$@" || uni
 step "the runtime's tests on the lowest claimed torch (tests/cluster/low-torch.sh)"
 low=0
 KUBETRAIN_VENV=$VENV bash tests/cluster/low-torch.sh "${PARALLEL[@]}" "$@" || low=$?
-step "pytest -m 'not unit and not train'"
+step "pytest -m 'not unit and not train' ${WAITING[*]}"
 rest=0
-python -m pytest -m "not unit and not train" "${SLOWEST[@]}" "$@" || rest=$?
+python -m pytest -m "not unit and not train" "${WAITING[@]}" "${SLOWEST[@]}" "$@" || rest=$?
 # pytest's 5 (nothing collected) in one half is no failure when the other half ran tests.
 for status in "$unit" "$low" "$rest"; do
   case $status in 0 | 5) ;; *) exit "$status" ;; esac

@@ -84,7 +84,9 @@ def spread(marker: str, slowest: str = "") -> list[str]:
 
 
 def tier_run(marker: str, slowest: str = "") -> list[str]:
-    return [f"python -m pytest -m {marker} {slowest}-x -k a b", "REQUIRE="]
+    """The waiting tiers: side by side on 2 workers, grouped (tests/support/worker_groups.py)."""
+    waiting = "-n 2 --dist loadscope --no-loadscope-reorder"
+    return [f"python -m pytest -m {marker} {waiting} {slowest}-x -k a b", "REQUIRE="]
 
 
 @pytest.mark.parametrize(
@@ -97,7 +99,7 @@ def tier_run(marker: str, slowest: str = "") -> list[str]:
         ("e2e", ["install.sh k8s helm node", "build-images.sh", "root=0"], tier_run("e2e")),
         ("bench", ["install.sh k8s kubeflow node", "build-images.sh", "root=0"], tier_run("bench")),
         # The unit and train tiers spread over the cores, the runtime's tests on the lowest torch,
-        # then every other test in one process.
+        # then every other test, side by side by module.
         (
             "all",
             ["install.sh k8s helm kueue kubeflow node", "build-images.sh", "root=0"],
