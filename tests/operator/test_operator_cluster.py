@@ -67,6 +67,8 @@ def test_three_node_job_has_one_service_and_three_pods_with_the_exact_contract(
     status = job["status"]
     assert status["phase"] == "Pending" and status["attempt"] == 0 and status["observedGeneration"] == 1
     assert status["replicas"]["active"] == 3 and status["startTime"]
+    # The Event follows the status that holds it (the operator posts after its status write).
+    wait_for(lambda: cluster.events("tri"), 30, "the Created Event")
     assert [e.reason for e in cluster.events("tri")] == ["Created"]
 
 
@@ -157,6 +159,7 @@ def test_one_failed_pod_restarts_the_gang_until_the_backoff_limit(
         return all(p.status.phase in ("Succeeded", "Failed") for p in cluster.live_pods("gang"))
 
     wait_for(nothing_running, 30, "no pod of the failed job left running")
+    wait_for(lambda: "BackoffLimitExceeded" in [e.reason for e in cluster.events("gang")], 30, "the last Event")
     reasons = [e.reason for e in cluster.events("gang")]
     assert reasons.count("GangRestart") == 2 and "BackoffLimitExceeded" in reasons
     assert 'kubetrain_gang_restarts_total{reason="OOMKilled"} 1.0' in operator.metrics()
