@@ -225,8 +225,7 @@ def test_a_gang_larger_than_the_cluster_binds_nothing_and_fails_at_the_schedulin
 
     wait_for(explained, 60, "PodsScheduled=False (Unschedulable) with the scheduler's message")
     assert bound(cluster, "big") == []
-    # The operator posts a decision's Events after the status that holds them: wait, in order.
-    wait_for(lambda: "Unschedulable" in [e.reason for e in cluster.events("big")], 30, "the Unschedulable Event")
+    cluster.wait_events("big", "Unschedulable")
     job = cluster.wait_job("big", has_condition("Failed", reason="Unschedulable"), "Failed (Unschedulable)", 60)
     assert "schedulingTimeoutSeconds=15" in condition(job, "Failed")["message"]  # type: ignore[index]
     assert bound(cluster, "big") == []
@@ -288,7 +287,7 @@ def test_coscheduling_creates_the_scheduler_plugins_podgroup(
     job = cluster.wait_job(
         "c", has_condition(podgroup.CONDITION, reason="Coscheduling"), "GangScheduling (Coscheduling)"
     )
-    wait_for(lambda: "GangScheduling" in [e.reason for e in cluster.events("c")], 30, "the GangScheduling Event")
+    cluster.wait_events("c", "GangScheduling")
     assert condition(job, "PodsScheduled") is None  # no scheduler has looked at the pods
 
 

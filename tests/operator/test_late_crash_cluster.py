@@ -76,7 +76,5 @@ def test_a_rank_still_running_after_done_is_deleted_and_the_job_succeeds(
     assert "node 1 (pod strag-node-1) still running 3 s after done; its pod deleted" in succeeded["message"]
     status = job["status"]
     assert (status["attempt"], status["restarts"], status.get("failures")) == (0, 0, None)
-    # Posted after the status that holds it (the operator's order): waited for, then counted.
-    wait_for(lambda: any(e.reason == "Straggler" for e in cluster.events("strag")), 30, "the Straggler Event")
-    straggler = [e for e in cluster.events("strag") if e.reason == "Straggler"]
+    straggler = cluster.wait_events("strag", "Straggler")
     assert len(straggler) == 1 and straggler[0].type == "Warning" and "strag-node-1" in straggler[0].message

@@ -67,8 +67,7 @@ def test_three_node_job_has_one_service_and_three_pods_with_the_exact_contract(
     status = job["status"]
     assert status["phase"] == "Pending" and status["attempt"] == 0 and status["observedGeneration"] == 1
     assert status["replicas"]["active"] == 3 and status["startTime"]
-    # The Event follows the status that holds it (the operator posts after its status write).
-    wait_for(lambda: cluster.events("tri"), 30, "the Created Event")
+    cluster.wait_events("tri", "Created")
     assert [e.reason for e in cluster.events("tri")] == ["Created"]
 
 
@@ -159,7 +158,7 @@ def test_one_failed_pod_restarts_the_gang_until_the_backoff_limit(
         return all(p.status.phase in ("Succeeded", "Failed") for p in cluster.live_pods("gang"))
 
     wait_for(nothing_running, 30, "no pod of the failed job left running")
-    wait_for(lambda: "BackoffLimitExceeded" in [e.reason for e in cluster.events("gang")], 30, "the last Event")
+    cluster.wait_events("gang", "BackoffLimitExceeded")
     reasons = [e.reason for e in cluster.events("gang")]
     assert reasons.count("GangRestart") == 2 and "BackoffLimitExceeded" in reasons
     assert 'kubetrain_gang_restarts_total{reason="OOMKilled"} 1.0' in operator.metrics()
@@ -270,5 +269,4 @@ def test_a_pod_the_server_refuses_fails_the_job_with_its_message(cluster: Cluste
     job = cluster.wait_job("refused", has_condition("Failed", reason="PodCreationFailed"), "PodCreationFailed")
     assert "nodeSelector" in condition(job, "Failed")["message"]  # type: ignore[index]
     assert job["status"]["phase"] == "Failed" and not condition(job, "Created")
-    # The Event is posted after the status write this test saw.
-    wait_for(lambda: "PodCreationFailed" in [e.reason for e in cluster.events("refused")], 10, "the Event")
+    cluster.wait_events("refused", "PodCreationFailed", timeout=10)

@@ -70,6 +70,14 @@ class Cluster:
         selector = f"involvedObject.name={job},involvedObject.kind={naming.KIND}"
         return list(self.core.list_namespaced_event(self.namespace, field_selector=selector).items)
 
+    def wait_events(self, job: str, reason: str, timeout: float = 30) -> list[Any]:
+        """The job's Events of `reason` once there is one. The operator posts a decision's Events
+        after the status write that holds them, so a test that saw the status waits for them."""
+        found: list[Any] = wait_for(
+            lambda: [e for e in self.events(job) if e.reason == reason], timeout, f"{job}: a {reason} Event"
+        )
+        return found
+
     def wait_job(
         self, name: str, predicate: Callable[[dict[str, Any]], Any], what: str, timeout: float = 30
     ) -> dict[str, Any]:
