@@ -30,34 +30,51 @@ COPY cli/ cli/
 COPY client/ client/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
-# --- operator: kopf + kubernetes client, no torch ---------------------------------------------
-FROM ${PYTHON_BASE} AS operator-venv
-COPY --from=wheel /wheels /wheels
-# A virtualenv so the final stage copies exactly the installed packages, nothing of the build.
-# The wheel's file name is not known in advance; `set --` expands it without ls.
-RUN python -m venv /opt/venv \
-    && set -- /wheels/kubetrain-*.whl \
-    && /opt/venv/bin/pip install --no-cache-dir "$1[operator]"
+# --- requirements: what each image installs besides kubetrain's own code, read from pyproject ----
+# Kept apart from the code so that a change to kubetrain's Python leaves the layers below it as they
+# were (a builder's layer cache keys COPY --from by content): only pyproject's dependency lists
+# decide them. Self-references (`kubetrain[cli]`) are left out; the extras they name are listed.
+FROM ${PYTHON_BASE} AS requirements
+WORKDIR /src
+COPY pyproject.toml ./
+RUN python -c "import tomllib; project = tomllib.load(open('pyproject.toml', 'rb'))['project']; extras = project['optional-dependencies']; lists = {'trainer': ['worker'], 'operator': ['operator', 'cli']}; [open(f'/requirements-{image}.txt', 'w').write(''.join(r + chr(10) for r in project['dependencies'] + [r for extra in names for r in extras[extra] if not r.startswith('kubetrain')])) for image, names in lists.items()]"
 
-FROM ${PYTHON_BASE} AS operator
+# --- operator-deps: a virtualenv with kopf and the kubernetes client (no torch), no kubetrain -----
+FROM ${PYTHON_BASE} AS operator-deps
 LABEL org.opencontainers.image.title="kubetrain-operator" \
       org.opencontainers.image.description="The kubetrain TrainingJob operator (kopf)" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
-COPY --from=operator-venv /opt/venv /opt/venv
-RUN groupadd --gid 10001 kubetrain \
+COPY --from=requirements /requirements-operator.txt /tmp/requirements.txt
+RUN python -m venv /opt/venv \
+    && pip install --no-cache-dir -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt \
+    && groupadd --gid 10001 kubetrain \
     && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin kubetrain
+
+# --- operator: kubetrain on operator-deps ---------------------------------------------------
+FROM operator-deps AS operator
+COPY --from=wheel /wheels /tmp/wheels
+# The operator extra finds its dependencies installed below: pip installs kubetrain alone. The
+# wheel's file name is not known in advance; `set --` expands it without ls.
+# DL3013 reads "$1[operator]" as an unpinned package; it is the wheel built above.
+# hadolint ignore=DL3013
+RUN set -- /tmp/wheels/kubetrain-*.whl \
+    && pip install --no-cache-dir "$1[operator]" \
+    && rm -rf /tmp/wheels
 USER 10001:10001
 # 8000: Prometheus metrics; 8080: kopf's liveness endpoint (/healthz).
 EXPOSE 8000 8080
 ENTRYPOINT ["kubetrain"]
 CMD ["operator"]
 
-# --- trainer: torch + the built-in trainer, the default pod command works ---------------------
-FROM ${TRAINER_BASE} AS trainer
+# --- trainer-deps: torch and the trainer's other dependencies, none of kubetrain's code ----------
+# Its layers change with the pins only (TORCH_VERSION, pyproject's lists): the GBs of torch are
+# built, moved and imported once, and a change to kubetrain's Python rebuilds the stage below.
+FROM ${TRAINER_BASE} AS trainer-deps
 ARG TORCH_VERSION
 ARG TORCH_INDEX_URL
 LABEL org.opencontainers.image.title="kubetrain-trainer" \
@@ -67,25 +84,32 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/home/kubetrain
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY --from=requirements /requirements-trainer.txt /tmp/requirements.txt
+# torch first, from its index, so the requirements find it satisfied and pull no other build.
+RUN pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}" \
+    && pip install --no-cache-dir -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+RUN groupadd --gid 10001 kubetrain \
+    && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/kubetrain \
+       --shell /bin/bash kubetrain
+# Relative paths in a TrainingJob's command (e.g. `torchrun examples/byo_train.py`) resolve here.
+WORKDIR /opt/kubetrain
+
+# --- trainer: kubetrain on trainer-deps, the default pod command works ---------------------------
+FROM trainer-deps AS trainer
 COPY --from=wheel /wheels /tmp/wheels
-# torch first, from its index, so the worker extra finds it satisfied and pulls no other build.
+# The worker extra finds its dependencies installed below: pip installs kubetrain alone.
 # The .pth loads kubetrain.trainer.torchrun_hooks in every Python of the image (inert until
 # torch.distributed is imported): clean exits for any script under torchrun, unmodified.
 # DL3013 reads "$1[worker]" as an unpinned package; it is the wheel built above.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}" \
-    && set -- /tmp/wheels/kubetrain-*.whl \
+RUN set -- /tmp/wheels/kubetrain-*.whl \
     && pip install --no-cache-dir "$1[worker]" \
     && rm -rf /tmp/wheels \
     && echo "import kubetrain.trainer.torchrun_hooks" \
        > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kubetrain-torchrun-hooks.pth" \
     && python -c "import sys, torch, kubetrain.trainer; assert 'kubetrain.trainer.torchrun_hooks' in sys.modules; print('torch', torch.__version__)" \
     && command -v torchrun
-RUN groupadd --gid 10001 kubetrain \
-    && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/kubetrain \
-       --shell /bin/bash kubetrain
-# Relative paths in a TrainingJob's command (e.g. `torchrun examples/byo_train.py`) resolve here.
-WORKDIR /opt/kubetrain
 COPY examples/ examples/
 USER 10001:10001
 # The operator sets the command of every pod; this is the same default, for `docker run`.

@@ -50,7 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests")]
 
 from support import node as real  # noqa: E402
-from support.realjobs import RealJobs, job_manifest, pvc, real_jobs, records, trainer_archive  # noqa: E402
+from support.images import Loadable  # noqa: E402
+from support.realjobs import IMAGE_ENV, RealJobs, job_manifest, pvc, real_jobs, records, trainer_image  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "recovery.json"
@@ -352,7 +353,9 @@ def main() -> None:
         "--modes", default=",".join(MODES), help=f"of {', '.join((*MODES, *MECHANISMS))} (the last two: crash only)"
     )
     parser.add_argument("--overlay", action="store_true", help="run this tree's kubetrain over the image's")
-    parser.add_argument("--archive", type=Path, help="the trainer image archive (default: the current sources')")
+    parser.add_argument(
+        "--image", help="the trainer image: oci:<layout>:<tag> or an OCI archive (default: the current sources')"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
@@ -363,9 +366,9 @@ def main() -> None:
     reason = real.missing()
     if reason:
         sys.exit(f"no real node here: {reason}")
-    if args.archive is not None:
-        os.environ["KUBETRAIN_TRAINER_ARCHIVE"] = str(args.archive)
-    archive = trainer_archive()
+    if args.image is not None:
+        os.environ[IMAGE_ENV] = args.image
+    image = trainer_image()
     started = time.time()
     runs: list[dict[str, Any]] = []
     with (
@@ -387,10 +390,10 @@ def main() -> None:
             if "Traceback" in (log := jobs.operator.log()):
                 print(log[-5000:], file=sys.stderr)
         # Written before the node's teardown, whose host checks may still fail.
-        write_results(args, archive, runs, started)
+        write_results(args, image, runs, started)
 
 
-def write_results(args: argparse.Namespace, archive: Path, runs: list[dict[str, Any]], started: float) -> None:
+def write_results(args: argparse.Namespace, image: Loadable, runs: list[dict[str, Any]], started: float) -> None:
     result = {
         "benchmark": "recovery on the real node: fault -> first training step after it, InPlace vs Recreate",
         "job": {
@@ -401,7 +404,7 @@ def write_results(args: argparse.Namespace, archive: Path, runs: list[dict[str, 
             "hang_timeout_s": HANG_S,
             "operator_progress_interval_s": 2,
         },
-        "image": str(archive),
+        "image": str(image[1] if isinstance(image, tuple) else image),
         "overlay": bool(args.overlay),
         "repeats": args.repeats,
         **summarize(runs),

@@ -310,21 +310,21 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=RESULT, help="result JSON (default: %(default)s)")
     parser.add_argument("--keep", type=Path, help="keep the pods' logs here (default: a temporary dir)")
     parser.add_argument(
-        "--archives",
+        "--images",
         nargs=2,
-        type=Path,
         metavar=("OPERATOR", "TRAINER"),
-        help="image archives to load (default: those tests/cluster/build-images.sh built for these sources)",
+        help="images to load, oci:<layout>:<tag> or OCI archives (default: those built for these sources)",
     )
     args = parser.parse_args()
     reason = real.missing()
     if reason:
         sys.exit(f"no real node here: {reason}")
-    if args.archives:
-        archives = dict(zip((images.OPERATOR_REF, images.TRAINER_REF), args.archives, strict=True))
+    if args.images:
+        refs = (images.OPERATOR_REF, images.TRAINER_REF)
+        loadables = [images.loadable(ref, spec) for ref, spec in zip(refs, args.images, strict=True)]
     else:
         try:
-            archives = images.archives()
+            loadables = images.node_images(images.OPERATOR_REF, images.TRAINER_REF)
         except Unavailable as missing:
             sys.exit(str(missing))
     load_before = os.getloadavg()
@@ -333,7 +333,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         folder = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="teardown-pods-")))
         node = stack.enter_context(real.running_node())
-        node.load_images(list(archives.values()))
+        node.load_images(loadables)
         release.install_operator(NodeProvider(node))
         node.cp.kubectl("create", "namespace", NAMESPACE)
         torch_version = trainer_torch(node)
@@ -357,7 +357,7 @@ def main() -> None:
             "jobs": args.jobs,
             "busy_loops": args.load,
             "trainer_image": release.TRAINER_IMAGE,
-            "image_archives": {ref: str(path) for ref, path in archives.items()},
+            "images": [str(item[1] if isinstance(item, tuple) else item) for item in loadables],
             "trainer_torch": torch_version,
             "epochs": EPOCHS,
             "checkpoint_every_steps": CHECKPOINT_EVERY,

@@ -1,37 +1,45 @@
 #!/usr/bin/env bash
-# Builds the two images of the repository's Dockerfile, unmodified, and a third on the trainer, with
-# buildah and without a registry, and saves them as OCI archives the real-node tests import into
-# containerd:
+# Builds the two images of the repository's Dockerfile, unmodified, and a third for the tests, with
+# buildah and without a registry, into one OCI image layout the real-node tests import from:
 #   docker.io/kubetrain/operator:0.1.0     --target operator
 #   docker.io/kubetrain/trainer:0.1.0-cpu  --target trainer, TRAINER_BASE=python:3.11-slim-bookworm
-#   docker.io/kubetrain/guest:0.1.0-cpu    tests/cluster/guest.Dockerfile: ONE layer on the trainer,
-#                                          a user's own image (torch, transformers, accelerate,
-#                                          Lightning at pyproject's [dev] pins; no kubetrain, no
-#                                          pydantic). It is built whenever the trainer is and goes
-#                                          into the trainer's archive: one OCI layout holding both
-#                                          refs shares the trainer's blobs, so the guest costs its
-#                                          layer only, and one `ctr images import` names both
+#   docker.io/kubetrain/guest:0.1.0-cpu    tests/cluster/guest.Dockerfile: ONE layer on the
+#                                          Dockerfile's trainer-deps stage, a user's own image
+#                                          (torch, transformers, accelerate, Lightning at pyproject's
+#                                          [dev] pins; no kubetrain, no pydantic)
 # No registry serves base images here, so the Dockerfile's FROM image is made first: a Debian
 # bookworm minbase (debootstrap) with python3 and a virtualenv at /usr/local, so `python` and
 # `pip` come first on PATH and pip may install (PEP 668 does not apply in a virtualenv), the way
 # the official image behaves. It is committed under the FROM name and built with --pull=never.
 #
+# Layers that match how they change: the Dockerfile installs each image's dependencies (torch for
+# the trainer, kopf for the operator) in stages that read pyproject's dependency lists and none of
+# kubetrain's code, and kubetrain on top. buildah builds with --layers, its layer cache kept in its
+# storage, so a change to kubetrain's Python rebuilds only the small top layers; skopeo copies each
+# image into the layout with its layers uncompressed, which lets it skip every blob already there
+# (buildah's own push compresses each layer again first); the node imports only the blobs its
+# containerd lacks (tests/support/ocilayout.py). torch's GBs are built, written and imported once
+# per pin.
+#
 # Caching, all under ${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain/images/:
-#   buildah/                  buildah's own storage (holds the base image only between runs)
+#   buildah/                  buildah's storage: the base, the images and their layer cache
 #   base-<recipe>.stamp       the base was built from this script's recipe (build_base + pins)
 #   wheels-torch-<version>/   torch and its CUDA wheels from PyPI, downloaded once on the host
 #                             with a PEP 503 index over them (simple/), bind-mounted at /mnt (an
 #                             empty directory of the base, so no mount point is left in the image)
-#                             and passed as TORCH_INDEX_URL=file:///mnt/simple: a source change
-#                             does not download ~2.8 GB again, and the trainer holds the files an
-#                             online build from PyPI installs
+#                             and passed as TORCH_INDEX_URL=file:///mnt/simple: a rebuild of the
+#                             stage does not download ~2.8 GB again, and the trainer holds the
+#                             files an online build from PyPI installs
 #   wheels-frameworks-<pins>/ the guest's frameworks and what they need beyond torch, the same way
 #                             (downloaded once, an index, bind-mounted at /mnt for the guest's RUN)
-#   <name>-<key>.oci.tar      an image; <key> hashes the Dockerfile, .dockerignore, every file
-#                             its COPY instructions read, the base recipe, this script's build
-#                             functions, the target and build args; the trainer's (which holds the
-#                             guest too) also the guest's recipe (guest.Dockerfile, pins, functions)
-# A warm run (nothing changed) only hashes the sources. Older archives of a name are removed.
+#   layout/                   the OCI layout; each image is tagged <name>-<key> there. <key>
+#                             hashes what decides its content: for the operator and the trainer
+#                             the Dockerfile, .dockerignore, every file its COPY instructions read,
+#                             the base recipe, this script's build functions, the target and build
+#                             args; for the guest the Dockerfile, pyproject.toml, the base recipe
+#                             and the guest's recipe (guest.Dockerfile, pins, functions), not
+#                             kubetrain's code. Other tags and their blobs are removed after a build.
+# A warm run (nothing changed) only hashes the sources.
 #
 # RUN steps run in a chroot (`--isolation chroot`: crun refused this VM's hybrid cgroups, "cgroups
 # in hybrid mode not supported") on the host's network (buildah's default networking rewrites host
@@ -41,10 +49,10 @@
 # no working containers behind (--force-rm).
 #
 # Usage: bash tests/cluster/build-images.sh [--print]    (as root, except --print)
-#   --print  prints the archive paths for the current sources without building anything
+#   --print  prints the images for the current sources without building anything
 # tests/run.sh runs it for the tiers whose tests use the images (node, e2e, all).
-# Last lines: OPERATOR_IMAGE_ARCHIVE=<path>, TRAINER_IMAGE_ARCHIVE=<path> and
-# GUEST_IMAGE_ARCHIVE=<path> (the trainer's archive: it holds both).
+# Last lines: OPERATOR_IMAGE=oci:<layout>:<tag>, TRAINER_IMAGE=oci:<layout>:<tag> and
+# GUEST_IMAGE=oci:<layout>:<tag>.
 set -euo pipefail
 shopt -s inherit_errexit
 
@@ -53,10 +61,10 @@ BASE_SUITE=bookworm
 BASE_MIRROR=http://deb.debian.org/debian
 BASE_PACKAGES=python3,python3-venv,ca-certificates
 PYPI_INDEX=https://pypi.org/simple
-# Free space the trainer's build takes at its peak (the installed wheels in the container, their
-# layer while it is committed, then the OCI layout and its tar): 25.9 GB measured with torch 2.15.0.
-# The guest adds ~0.2 GB to storage, layout and tar; with it 22.2 GB was the most seen (df every 3 s).
-TRAINER_BUILD_GB=26
+# Free space a build of the trainer's torch stage takes at its peak (the installed wheels in the
+# container, their layer while it is committed, then the layout's copy): asked only when that
+# stage is not in buildah's storage yet (a change to kubetrain's code needs a few hundred MB).
+TRAINER_BUILD_GB=22
 # -------------------------------------------------------------------------------------------------
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -65,12 +73,16 @@ GUEST_DOCKERFILE=$ROOT/tests/cluster/guest.Dockerfile
 OPERATOR_REF=docker.io/kubetrain/operator:0.1.0
 TRAINER_REF=docker.io/kubetrain/trainer:0.1.0-cpu
 GUEST_REF=docker.io/kubetrain/guest:0.1.0-cpu
+DEPS_REF=docker.io/kubetrain/trainer-deps:0.1.0-cpu
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain/images
-# The real node's containerd root (tests/support/realnode.py image_store()): it keeps the trainer
-# image it imported last, ~12 GB of blobs and their unpacked snapshot, stale once the trainer is
-# rebuilt (its archive is gone; the next node imports the new one and its small images again).
+# The real node's containerd root (tests/support/realnode.py image_store()): it keeps the images it
+# imported, ~12 GB of blobs and their unpacked snapshots, most of them torch's layers, which a
+# change to kubetrain's code leaves as they are (the next node imports the new top layers only).
 NODE_STORE=${XDG_CACHE_HOME:-$HOME/.cache}/kubetrain/node-containerd-root
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
+LAYOUT=$CACHE/layout
+STORAGE=$CACHE/buildah
+RUNROOT=/run/kubetrain-images/buildah
 START=$SECONDS
 
 log() { printf '[images %4ds] %s\n' "$((SECONDS - START))" "$*" >&2; }
@@ -103,7 +115,7 @@ if [ "${#FRAMEWORKS[@]}" -ne 3 ]; then
 fi
 
 buildah_() {
-  buildah --root "$CACHE/buildah" --runroot /run/kubetrain-images/buildah --storage-driver overlay "$@"
+  buildah --root "$STORAGE" --runroot "$RUNROOT" --storage-driver overlay "$@"
 }
 
 # --- the Python base ------------------------------------------------------------------------------
@@ -165,15 +177,18 @@ sources_hash() {
 
 # image_key TARGET BUILD_ARG...: what decides an image's content, including how it is built.
 image_key() {
-  { printf '%s\n' "$SOURCES" "$BASE_RECIPE" "$@"; declare -f build_image archive_image write_index; } |
+  { printf '%s\n' "$SOURCES" "$BASE_RECIPE" "$@"; declare -f build_image build_stage publish_image; } |
     sha256sum | cut -c1-16
 }
 
-# guest_recipe: what decides the guest's content besides the trainer under it (its Dockerfile, the
-# pins, how this script downloads and builds it); part of the trainer's key, as its archive holds both.
-guest_recipe() {
-  { cat "$GUEST_DOCKERFILE"; printf '%s\n' "${FRAMEWORKS[@]}"; declare -f ensure_framework_wheels build_guest; } |
-    sha256sum | cut -c1-16
+# guest_key: what decides the guest's content: the trainer-deps stage under it (the Dockerfile,
+# pyproject's lists, the base, the torch build args) and its own recipe (guest.Dockerfile, the
+# pins, how this script downloads and builds it). kubetrain's code is not part of it.
+guest_key() {
+  { (cd "$ROOT" && sha256sum Dockerfile pyproject.toml); cat "$GUEST_DOCKERFILE"
+    printf '%s\n' "$BASE_RECIPE" "${TRAINER_ARGS[@]}" "${FRAMEWORKS[@]}"
+    declare -f ensure_framework_wheels build_guest build_stage publish_image
+  } | sha256sum | cut -c1-16
 }
 
 # --- the images -----------------------------------------------------------------------------------
@@ -250,8 +265,9 @@ need_space() {
 }
 
 # drop_node_store: removes the node's containerd root unless a node uses it (a process holds a
-# file in it, or something is mounted under it), so a rebuilt trainer does not need room for the
-# stale one too: on a shared disk those ~12 GB decided whether the build fits.
+# file in it, or something is mounted under it). Only before torch's stage is built anew: the
+# node's copy of the old one is stale then, and on a shared disk those ~12 GB decided whether the
+# build fits. Otherwise the store is what makes an image change cheap: it holds the layers below.
 drop_node_store() {
   [ -d "$NODE_STORE" ] || return 0
   if find /proc/[0-9]*/fd -lname "$NODE_STORE/*" -print -quit 2>/dev/null | grep -q . ||
@@ -259,87 +275,103 @@ drop_node_store() {
     log "the node's image store $NODE_STORE is in use: kept"
     return 0
   fi
-  log "removing the node's image store ($(du -sh "$NODE_STORE" | cut -f1)): its trainer image is stale"
+  log "removing the node's image store ($(du -sh "$NODE_STORE" | cut -f1)): its torch layers are stale"
   rm -rf "$NODE_STORE"
 }
 
-# build_image NAME REF TARGET BUILD_ARG...: prints the archive, building it when missing. The
-# trainer's archive holds the guest too, built on it right after it.
+# build_stage REF TARGET BUILD_ARG...: `buildah bud --layers` of the Dockerfile's TARGET as REF.
+# The layer cache in buildah's storage makes every step whose inputs did not change a lookup.
+build_stage() {
+  local ref=$1 target=$2 t0=$SECONDS
+  shift 2
+  local -a args=(-v "$CA_BUNDLE:$CA_BUNDLE:ro")
+  # Only the trainer's stages install torch (from TORCH_INDEX_URL=file:///mnt/simple).
+  [ "${target#trainer}" = "$target" ] || args+=(-v "$WHEELS:/mnt:ro")
+  for arg in "$@"; do args+=(--build-arg "$arg"); done
+  # Docker format, as `docker build` makes: in OCI format buildah 1.28 ignores the Dockerfile's
+  # SHELL and runs RUN steps with /bin/sh. skopeo writes it to the layout as OCI.
+  buildah_ bud --format docker --pull=never --isolation chroot --network host --layers \
+    --force-rm --target "$target" -t "$ref" "${args[@]}" -f "$DOCKERFILE" "$ROOT" >&2
+  log "$ref (--target $target): built in $((SECONDS - t0)) s"
+}
+
+# build_image NAME REF TARGET BUILD_ARG...: prints the image (oci:<layout>:<NAME>-<key>), building
+# it when the layout lacks it.
 build_image() {
-  local name=$1 ref=$2 target=$3 key archive t0=$SECONDS
+  local name=$1 ref=$2 target=$3 key tag
   shift 3
-  local -a refs=("$ref") recipe=("$target" "$@")
-  if [ "$target" = trainer ]; then
-    refs+=("$GUEST_REF")
-    recipe+=("guest $GUEST_RECIPE")
-  fi
-  key=$(image_key "${recipe[@]}")
-  archive=$CACHE/$name-$key.oci.tar
-  if [ -f "$archive" ] || [ "$MODE" = print ]; then
-    echo "$archive"
+  key=$(image_key "$target" "$@")
+  tag=$name-$key
+  if [ "$MODE" = print ] || has_tag "$tag"; then
+    echo "oci:$LAYOUT:$tag"
     return
   fi
-  # Older archives of this image go first: the trainer's are GBs and the disk is shared. So do its
-  # images left in storage by a run that failed before archiving them (a guest whose check failed
-  # leaves the trainer's GBs there).
-  find "$CACHE" -maxdepth 1 -name "$name-*.oci.tar*" -exec rm -rf {} +
-  buildah_ rmi -f "${refs[@]}" >/dev/null 2>&1 || true
-  buildah_ rmi --prune >/dev/null 2>&1 || true
   if [ "$target" = trainer ]; then
-    drop_node_store
-    need_space "$TRAINER_BUILD_GB" "building $ref and $GUEST_REF (torch's CUDA wheels installed, committed and archived)"
+    ensure_deps_room
+    build_stage "$DEPS_REF" trainer-deps "$@"
   fi
-  local -a args=(-v "$CA_BUNDLE:$CA_BUNDLE:ro")
-  # Only the trainer installs torch (from TORCH_INDEX_URL=file:///mnt/simple).
-  [ "$target" != trainer ] || args+=(-v "$WHEELS:/mnt:ro")
-  for arg in "$@"; do args+=(--build-arg "$arg"); done
-  log "building $ref (--target $target $*)"
-  # Docker format, as `docker build` makes: in OCI format buildah 1.28 ignores the Dockerfile's
-  # SHELL and runs RUN steps with /bin/sh. The archive is converted to OCI on push.
-  buildah_ bud --format docker --pull=never --isolation chroot --network host --layers=false \
-    --force-rm --target "$target" -t "$ref" "${args[@]}" -f "$DOCKERFILE" "$ROOT" >&2
-  log "$ref: built in $((SECONDS - t0)) s"
-  [ "$target" != trainer ] || build_guest
-  local built=$SECONDS
-  archive_image "$archive" "${refs[@]}"
-  log "${refs[*]}: archived in $((SECONDS - built)) s, $(du -h "$archive" | cut -f1) $archive"
-  echo "$archive"
+  build_stage "$ref" "$target" "$@"
+  publish_image "$ref" "$tag"
+  echo "oci:$LAYOUT:$tag"
 }
 
-# build_guest: the guest image, one layer on the trainer just built (tests/cluster/guest.Dockerfile).
+# ensure_deps_room: before torch's stage is built for the first time in this storage, room for it.
+ensure_deps_room() {
+  if ! buildah_ inspect --type image "$DEPS_REF" >/dev/null 2>&1; then
+    drop_node_store
+    need_space "$TRAINER_BUILD_GB" "building $DEPS_REF (torch's CUDA wheels installed, committed and copied)"
+  fi
+}
+
+# build_guest: the guest image, one layer on the trainer-deps stage (tests/cluster/guest.Dockerfile).
 # Its RUN needs no network (its wheels are at /mnt) and the build context is empty (it copies
-# nothing); the other flags are the trainer's, for the same reasons.
+# nothing); the other flags are the trainer's, for the same reasons. Prints it as build_image does.
 build_guest() {
-  local t0=$SECONDS context=$TMPDIR/guest-context
+  local tag=guest-cpu-$GUEST_KEY t0 context
+  if [ "$MODE" = print ] || has_tag "$tag"; then
+    echo "oci:$LAYOUT:$tag"
+    return
+  fi
+  context=$TMPDIR/guest-context
+  ensure_deps_room
+  build_stage "$DEPS_REF" trainer-deps "${TRAINER_ARGS[@]}"
+  t0=$SECONDS
   mkdir -p "$context"
-  log "building $GUEST_REF: one layer on $TRAINER_REF with ${FRAMEWORKS[*]}, without kubetrain and pydantic"
-  buildah_ bud --format docker --pull=never --isolation chroot --network host --layers=false \
-    --force-rm -t "$GUEST_REF" -v "$FRAMEWORK_WHEELS:/mnt:ro" --build-arg "TRAINER_IMAGE=$TRAINER_REF" \
+  log "building $GUEST_REF: one layer on $DEPS_REF with ${FRAMEWORKS[*]}, without pydantic"
+  buildah_ bud --format docker --pull=never --isolation chroot --network host --layers \
+    --force-rm -t "$GUEST_REF" -v "$FRAMEWORK_WHEELS:/mnt:ro" --build-arg "DEPS_IMAGE=$DEPS_REF" \
     --build-arg "FRAMEWORKS=${FRAMEWORKS[*]}" -f "$GUEST_DOCKERFILE" "$context" >&2
   log "$GUEST_REF: built in $((SECONDS - t0)) s"
+  publish_image "$GUEST_REF" "$tag"
+  echo "oci:$LAYOUT:$tag"
 }
 
-# archive_image ARCHIVE REF...: an OCI layout in a tar holding each REF under its name (containerd's
-# import name; one import brings them all), and the images out of buildah's storage. Images pushed
-# into one layout share its blobs: the guest adds its own layer, config and manifest only. The
-# layout is written as a directory and the storage copies are removed before the tar is made: at
-# most two copies of the trainer's GBs exist at once (an oci-archive: push holds three). Layers are
-# gzip level 0 (stored): buildah 1.28 ignores --disable-compression for OCI destinations, and real
-# gzip of the trainer costs ~5 minutes here.
-archive_image() {
-  local archive=$1 layout=$1.d ref before
-  shift
-  for ref in "$@"; do
-    before=0
-    [ ! -d "$layout" ] || before=$(du -sb "$layout" | cut -f1)
-    buildah_ push --format oci --compression-level 0 "$ref" "oci:$layout:$ref" >&2
-    log "$ref: pushed, adds $((($(du -sb "$layout" | cut -f1) - before) / 1024 / 1024)) MiB to the layout"
+has_tag() {
+  grep -qF "\"org.opencontainers.image.ref.name\":\"$1\"" "$LAYOUT/index.json" 2>/dev/null
+}
+
+# publish_image REF TAG: REF from buildah's storage into the layout as TAG. Layers go uncompressed
+# (--dest-oci-accept-uncompressed-layers): an uncompressed layer is named by its content's digest,
+# which is how skopeo finds it already in the layout and skips it.
+publish_image() {
+  local ref=$1 tag=$2 t0=$SECONDS before after
+  before=$(du -sb "$LAYOUT" 2>/dev/null | cut -f1 || echo 0)
+  skopeo copy --quiet --dest-oci-accept-uncompressed-layers \
+    "containers-storage:[overlay@$STORAGE+$RUNROOT]$ref" "oci:$LAYOUT:$tag" >&2
+  after=$(du -sb "$LAYOUT" | cut -f1)
+  log "$ref: written to the layout as $tag in $((SECONDS - t0)) s, $(((after - ${before:-0}) / 1024 / 1024)) MiB new"
+}
+
+# tidy: the layout keeps the current tags and their blobs; buildah's storage drops the images no
+# tag or later build step refers to (a pass removes the untagged images nothing is built on; the
+# layer cache of each dependency stage is under a tagged image, so it stays).
+tidy() {
+  python3 "$ROOT/tests/support/ocilayout.py" gc "$LAYOUT" "$@" >&2
+  local pass
+  for pass in 1 2 3 4 5 6 7 8 9 10 11 12; do
+    [ -n "$(buildah_ rmi --prune 2>/dev/null)" ] || break
   done
-  buildah_ rmi "$@" >/dev/null
-  buildah_ rmi --prune >/dev/null 2>&1 || true
-  tar -C "$layout" -cf "$archive.partial" oci-layout index.json blobs
-  rm -rf "$layout"
-  mv "$archive.partial" "$archive"
+  log "tidied in $pass prune passes; storage $(du -shx "$STORAGE" | cut -f1), layout $(du -shx "$LAYOUT" | cut -f1)"
 }
 
 main() {
@@ -351,8 +383,9 @@ main() {
   esac
   BASE_RECIPE=$(base_recipe)
   SOURCES=$(sources_hash)
-  GUEST_RECIPE=$(guest_recipe)
-  local base_name=${BASE_REF#docker.io/library/} operator trainer
+  TRAINER_ARGS=("TRAINER_BASE=${BASE_REF#docker.io/library/}" "TORCH_INDEX_URL=file:///mnt/simple")
+  GUEST_KEY=$(guest_key)
+  local operator trainer guest
   if [ "$MODE" = build ]; then
     [ "$(id -u)" -eq 0 ] || die "needs root (buildah, debootstrap, chroot)"
     mkdir -p "$CACHE"
@@ -362,30 +395,35 @@ main() {
     flock 9
     trap 'buildah_ rm --all >/dev/null 2>&1 || true' EXIT
     # buildah's temporary copies of a layer (GBs for the trainer) stay in the cache, where an
-    # interrupted push's leftovers are found and removed by the next run.
+    # interrupted build's leftovers are found and removed by the next run.
     export TMPDIR=$CACHE/tmp
     rm -rf "$TMPDIR"
     mkdir -p "$TMPDIR"
+    # The single-archive images of earlier versions of this script.
+    find "$CACHE" -maxdepth 1 -name '*.oci.tar*' -exec rm -rf {} +
     install_tools
     ensure_base
     ensure_wheels
     ensure_framework_wheels
   fi
   operator=$(build_image operator "$OPERATOR_REF" operator)
-  trainer=$(build_image trainer-cpu "$TRAINER_REF" trainer \
-    "TRAINER_BASE=$base_name" "TORCH_INDEX_URL=file:///mnt/simple")
-  [ "$MODE" = print ] || log "done; cache $(du -shx "$CACHE" | cut -f1) in $CACHE"
-  echo "OPERATOR_IMAGE_ARCHIVE=$operator"
-  echo "TRAINER_IMAGE_ARCHIVE=$trainer"
-  echo "GUEST_IMAGE_ARCHIVE=$trainer"
+  trainer=$(build_image trainer-cpu "$TRAINER_REF" trainer "${TRAINER_ARGS[@]}")
+  guest=$(build_guest)
+  if [ "$MODE" = build ]; then
+    tidy "${operator##*:}" "${trainer##*:}" "${guest##*:}"
+    log "done; cache $(du -shx "$CACHE" | cut -f1) in $CACHE"
+  fi
+  echo "OPERATOR_IMAGE=$operator"
+  echo "TRAINER_IMAGE=$trainer"
+  echo "GUEST_IMAGE=$guest"
 }
 
 install_tools() {
-  command -v buildah >/dev/null && command -v debootstrap >/dev/null && return
-  log "installing buildah and debootstrap (Debian packages)"
+  command -v buildah >/dev/null && command -v debootstrap >/dev/null && command -v skopeo >/dev/null && return
+  log "installing buildah, skopeo and debootstrap (Debian packages)"
   apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
   DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
-    buildah debootstrap >&2
+    buildah skopeo debootstrap >&2
 }
 
 main "$@"

@@ -1,63 +1,55 @@
-"""tests/cluster/build-images.sh's content key, which decides a rebuild, computed without building
-(`--print`), and the guest image's recipe (tests/cluster/guest.Dockerfile). The built archives are
-checked in tests/node/test_image_archives.py."""
+"""tests/cluster/build-images.sh's content keys, which decide a rebuild, computed without building
+(`--print`), the layout's tidying (tests/support/ocilayout.py), and the guest image's recipe
+(tests/cluster/guest.Dockerfile). The built images are checked in tests/node/test_built_images.py."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
-import shutil
 import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
-from support.images import GUEST_REF, OPERATOR_REF, TRAINER_REF, expected_archives
+from support import ocilayout
+from support.images import GUEST_REF, OPERATOR_REF, TRAINER_REF, copy_build_inputs, expected_images
 from support.tools import ROOT
 
 from kubetrain.operator.render import RUN_AS_USER
 
 pytestmark = pytest.mark.unit
 
-# What the script reads, copied into a scratch repository the key tests may change.
-CONTEXT = ["Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "api", "operator", "local", "trainer"]
-CONTEXT += ["cli", "client", "examples", "charts", "tests/cluster/build-images.sh", "tests/cluster/guest.Dockerfile"]
-CONTEXT += ["tests/conftest.py"]
 GUEST_DOCKERFILE = ROOT / "tests" / "cluster" / "guest.Dockerfile"
 
 
 @pytest.fixture
 def scratch(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """A copy of the build context plus the script, and an env whose cache is inside tmp_path."""
-    repo = tmp_path / "repo"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for name in CONTEXT:
-        source, target = ROOT / name, repo / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, target, ignore=ignore)
-        else:
-            shutil.copy2(source, target)
+    """A copy of what the script reads (and files it must not read, which the key tests change),
+    and an env whose cache is inside tmp_path."""
+    repo = copy_build_inputs(tmp_path / "repo", "charts", "tests/conftest.py")
     return repo, {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
 
 
 def keys(repo: Path, env: dict[str, str]) -> dict[str, str]:
-    return {ref: path.name for ref, path in expected_archives(repo, env).items()}
+    return {ref: image.tag for ref, image in expected_images(repo, env).items()}
 
 
 # (file to change, the images whose key must change). One sources hash serves both images: a
 # file only the trainer stage copies (examples/) rebuilds the operator too, the cheap one. The
-# guest is built on the trainer and archived with it: it follows the trainer's key, and its own
-# recipe rebuilds the two of them, not the operator.
+# guest is built on the trainer's dependency stage: kubetrain's code does not touch it; the
+# Dockerfile and pyproject (which that stage reads) and its own recipe do.
 ALL = {OPERATOR_REF, TRAINER_REF, GUEST_REF}
+CODE = {OPERATOR_REF, TRAINER_REF}
 CHANGES = [
-    ("api/models.py", ALL),
-    ("trainer/__init__.py", ALL),
+    ("api/models.py", CODE),
+    ("trainer/__init__.py", CODE),
     ("pyproject.toml", ALL),
     ("Dockerfile", ALL),
-    ("examples/digits-cpu.yaml", ALL),
-    ("api/new_module.py", ALL),
-    ("tests/cluster/guest.Dockerfile", {TRAINER_REF, GUEST_REF}),
+    ("examples/digits-cpu.yaml", CODE),
+    ("api/new_module.py", CODE),
+    ("tests/cluster/guest.Dockerfile", {GUEST_REF}),
     ("tests/conftest.py", set()),
     ("api/__pycache__/models.cpython-311.pyc", set()),
     ("charts/kubetrain/values.yaml", set()),
@@ -80,12 +72,15 @@ def test_key_follows_what_the_build_copies(
 
 def test_key_is_stable_and_names_the_image(scratch: tuple[Path, dict[str, str]]) -> None:
     repo, env = scratch
-    found = expected_archives(repo, env)
-    assert found == expected_archives(repo, env)
-    assert found[OPERATOR_REF].name.startswith("operator-")
-    assert found[TRAINER_REF].name.startswith("trainer-cpu-")
-    assert found[GUEST_REF] == found[TRAINER_REF], "the guest is archived with the trainer, whose blobs it shares"
-    assert all(path.parent == Path(env["XDG_CACHE_HOME"]) / "kubetrain" / "images" for path in found.values())
+    found = expected_images(repo, env)
+    assert found == expected_images(repo, env)
+    assert found[OPERATOR_REF].tag.startswith("operator-")
+    assert found[TRAINER_REF].tag.startswith("trainer-cpu-")
+    assert found[GUEST_REF].tag.startswith("guest-cpu-")
+    # One layout holds them all: the blobs they share are stored once.
+    assert {image.layout for image in found.values()} == {
+        Path(env["XDG_CACHE_HOME"]) / "kubetrain" / "images" / "layout"
+    }
 
 
 def dev_pins() -> dict[str, str]:
@@ -117,19 +112,54 @@ def test_guest_pins_come_from_pyproject(scratch: tuple[Path, dict[str, str]]) ->
 
 
 def test_guest_is_one_run_on_the_trainer_as_its_user() -> None:
-    """One RUN (one layer with --layers=false), no COPY/ADD, FROM the trainer's ref, and the
-    trainer's user last; and the frameworks the dev extra pins are the ones it checks."""
+    """One RUN (one layer), no COPY/ADD, FROM the trainer's dependency stage (no kubetrain in it),
+    and the trainer's user last; and the frameworks the dev extra pins are the ones it checks."""
     lines = re.sub(r"\\\n", " ", GUEST_DOCKERFILE.read_text()).splitlines()
     instructions = [line.split(None, 1) for line in lines if line.strip() and not line.lstrip().startswith("#")]
     keywords = [keyword.upper() for keyword, *_ in instructions]
     assert keywords.count("RUN") == 1
     assert not {"COPY", "ADD", "WORKDIR"} & set(keywords)
     args = dict(rest.split("=", 1) for keyword, rest in instructions if keyword == "ARG" and "=" in rest)
-    assert args["TRAINER_IMAGE"] == TRAINER_REF
+    assert args["DEPS_IMAGE"] == "docker.io/kubetrain/trainer-deps:0.1.0-cpu"
+    assert "DEPS_REF=" + args["DEPS_IMAGE"] in (ROOT / "tests" / "cluster" / "build-images.sh").read_text()
     # The trainer's user, which the operator renders as runAsUser.
     assert [rest for keyword, rest in instructions if keyword == "USER"][-1] == f"{RUN_AS_USER}:{RUN_AS_USER}"
     [run] = [rest for keyword, rest in instructions if keyword == "RUN"]
-    assert "pip uninstall -y kubetrain pydantic pydantic-core" in run
-    assert "kubetrain-torchrun-hooks.pth" in run
+    assert "pip uninstall -y pydantic pydantic-core" in run
     assert {"transformers", "accelerate", "lightning"} <= set(dev_pins())
     assert "import sys, torch, transformers, accelerate, lightning" in run
+
+
+def test_the_layout_keeps_the_tags_it_is_given_and_their_blobs_only(tmp_path: Path) -> None:
+    """gc after a build: the old trainer's tag goes, and with it the blobs only it used; a layer it
+    shared with the kept images (torch's) stays."""
+    layout = tmp_path / "layout"
+    blobs = layout / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def blob(data: bytes) -> dict[str, object]:
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return {"digest": f"sha256:{digest}", "size": len(data)}
+
+    def image(tag: str, *layers: bytes) -> dict[str, object]:
+        config = blob(json.dumps({"tag": tag}).encode())
+        manifest = blob(json.dumps({"config": config, "layers": [blob(layer) for layer in layers]}).encode())
+        return {**manifest, "annotations": {ocilayout.REF_NAME: tag}}
+
+    entries = [image("trainer-cpu-old", b"torch", b"old code"), image("trainer-cpu-new", b"torch", b"new code")]
+    entries.append(image("guest-cpu-1", b"torch", b"frameworks"))
+    (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": entries}))
+    before = {path.name for path in blobs.iterdir()}
+    removed, freed = ocilayout.gc(layout, ["trainer-cpu-new", "guest-cpu-1", "operator-absent"])
+    assert removed == ["trainer-cpu-old"]
+    assert set(ocilayout.tags(layout)) == {"trainer-cpu-new", "guest-cpu-1"}
+    gone = before - {path.name for path in blobs.iterdir()}
+    old_config = json.dumps({"tag": "trainer-cpu-old"}).encode()
+    old_manifest = str(entries[0]["digest"]).removeprefix("sha256:")
+    assert gone == {hashlib.sha256(data).hexdigest() for data in (b"old code", old_config)} | {old_manifest}
+    assert freed == sum(len(data) for data in (b"old code", old_config)) + int(str(entries[0]["size"]))
+    assert not ocilayout.LayoutImage(layout, "trainer-cpu-old").exists()
+    for tag in ("trainer-cpu-new", "guest-cpu-1"):
+        kept = ocilayout.LayoutImage(layout, tag)
+        assert all(kept.blob(b["digest"]).is_file() for b in kept.blobs())

@@ -4,7 +4,9 @@ that the operator image can never pull torch."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
+import sys
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -98,13 +100,57 @@ def test_targets_run_as_numeric_non_root(target: str) -> None:
     assert users[-1] == f"{RUN_AS_USER}:{RUN_AS_USER}"
 
 
+def chain(target: str) -> list[list[tuple[str, str]]]:
+    """The stages `target` is built on, by FROM, base first (its own last)."""
+    all_stages, found = stages(), []
+    name = target
+    while name in all_stages:
+        found.insert(0, all_stages[name])
+        name = all_stages[name][0][1].split()[0]
+    return found
+
+
+def requirements(tmp_path: Path) -> dict[str, list[str]]:
+    """What the `requirements` stage writes for each image, by running its RUN's Python on this
+    pyproject.toml (its paths moved into tmp_path)."""
+    [run] = [rest for keyword, rest in stages()["requirements"] if keyword == "RUN"]
+    code = re.fullmatch(r'python -c "(.*)"', run)
+    assert code, run
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    source = code.group(1).replace("/requirements-", f"{tmp_path}/requirements-")
+    subprocess.run([sys.executable, "-c", source], cwd=tmp_path, check=True, timeout=60)
+    return {
+        path.stem.removeprefix("requirements-"): path.read_text().split()
+        for path in tmp_path.glob("requirements-*.txt")
+    }
+
+
+def test_each_image_installs_its_dependencies_apart_from_kubetrain(tmp_path: Path) -> None:
+    """The dependency stages read pyproject's lists (no self-reference: pip would look for
+    kubetrain on the index) and the stage on top installs kubetrain, whose extra then finds
+    everything installed: a change to kubetrain's code leaves the dependency layers as they were."""
+    written = requirements(tmp_path)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    expected = {"trainer": ["worker"], "operator": ["operator", "cli"]}
+    for image, names in expected.items():
+        listed = project["dependencies"] + [r for n in names for r in extras[n] if not r.startswith("kubetrain")]
+        assert [r.replace(" ", "") for r in written[image]] == [r.replace(" ", "") for r in listed], image
+    assert not any(r.startswith("torch") for r in written["operator"])
+    assert any(r.startswith("torch") for r in written["trainer"])
+    for image, deps in (("operator", "operator-deps"), ("trainer", "trainer-deps")):
+        assert stages()[image][0][1].split()[0] == deps
+        assert ("COPY", f"--from=requirements /requirements-{image}.txt /tmp/requirements.txt") in stages()[deps]
+        assert not [rest for keyword, rest in stages()[deps] if keyword == "COPY" and "wheel" in rest]
+
+
 def test_operator_target_installs_no_torch() -> None:
     runs = [rest for name in lineage("operator") for keyword, rest in stages()[name] if keyword == "RUN"]
     assert not any("torch" in run for run in runs), runs
     installs = [run for run in runs if "pip install" in run]
-    assert installs and all("[operator]" in run for run in installs), installs
-    assert "trainer" not in lineage("operator")
-    operator_from = stages()["operator"][0][1].split()[0]
+    assert installs and all("[operator]" in run or "-r /tmp/requirements.txt" in run for run in installs), installs
+    assert "trainer" not in lineage("operator") and "trainer-deps" not in lineage("operator")
+    operator_from = chain("operator")[0][0][1].split()[0]
     assert operator_from == "${PYTHON_BASE}" and "torch" not in build_args()["PYTHON_BASE"]
 
 
@@ -136,7 +182,7 @@ def test_trainer_target() -> None:
     args = build_args()
     assert args["TRAINER_BASE"] == args["PYTHON_BASE"], "torch comes from TORCH_INDEX_URL, not from the base"
     assert args["TORCH_INDEX_URL"] == "https://pypi.org/simple", "PyPI's Linux wheel is the CUDA (NCCL) build"
-    trainer = stages()["trainer"]
+    trainer = [instruction for stage in chain("trainer") for instruction in stage]
     assert trainer[0][1].split()[0] == "${TRAINER_BASE}"
     runs = " ".join(rest for keyword, rest in trainer if keyword == "RUN")
     assert "[worker]" in runs and "torch.__version__" in runs and '"torch==${TORCH_VERSION}"' in runs

@@ -92,7 +92,7 @@ def test_hugging_face_deleted_pod_loses_no_step_and_goes_in_seconds(jobs: RealJo
 
 
 def test_a_killed_worker_restarts_in_the_same_pods_which_turn_ready_and_succeed(jobs: RealJobs) -> None:
-    guest_job(jobs, "killed", "hf_gpt2.py", hf_args(600))
+    guest_job(jobs, "killed", "hf_gpt2.py", hf_args(200))
     first = wait_for(lambda: pods_ready(jobs, "killed", 0), 600, "the pods Ready")
     jobs.wait("killed", lambda j: (j["status"].get("progress") or {}).get("step", 0) >= 5, "step 5", 600)
     (worker,) = wait_for(lambda: worker_pids("killed", NAMESPACE, 1), 60, "node 1's worker")
@@ -103,7 +103,7 @@ def test_a_killed_worker_restarts_in_the_same_pods_which_turn_ready_and_succeed(
     status = job["status"]
     assert (status["attempt"], status["restarts"], status["timeline"]["start"]) == (1, 1, "InPlace"), status
     assert status["failures"][0]["exitCode"] == 137 and status["failures"][0]["pod"] == "killed-node-1"
-    assert status["progress"]["step"] == 600
+    assert status["progress"]["step"] == 200
     jobs.delete("killed")
 
 

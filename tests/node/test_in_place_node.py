@@ -1,7 +1,7 @@
 """The in-place gang restart on a real node, with real pods of the trainer image and the operator of
 this tree (tests/support/realjobs.py): a worker crash injected on node 1 restarts the gang inside
 the same pods and ends with the accuracy of an uninterrupted run; `kubectl delete pod` still
-recreates the gang. (KUBETRAIN_TRAINER_ARCHIVE / KUBETRAIN_TRAINER_OVERLAY=1 run a branch's
+recreates the gang. (KUBETRAIN_TRAINER_IMAGE / KUBETRAIN_TRAINER_OVERLAY=1 run a branch's
 trainer on an image built from other sources: see support/realjobs.py.)"""
 
 from __future__ import annotations

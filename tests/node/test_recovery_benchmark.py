@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from support import nodepods
 from support.controlplane import Unavailable
-from support.realjobs import trainer_archive
+from support.realjobs import trainer_image
 
 pytestmark = pytest.mark.bench
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def test_the_summary_checks_the_targets() -> None:
 def test_recovery_benchmark_runs_on_the_real_node(tmp_path: Path) -> None:
     nodepods.node_or_skip()
     try:
-        trainer_archive()
+        trainer_image()
     except Unavailable as missing:
         pytest.skip(str(missing))
     output = tmp_path / "recovery.json"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from support import nodepods
 from support.controlplane import Unavailable
-from support.realjobs import operator_archive, trainer_archive
+from support.realjobs import operator_image, trainer_image
 
 pytestmark = pytest.mark.bench
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ def test_the_summary_pairs_each_run_with_its_neighbour() -> None:
 def test_the_benchmark_runs_on_the_real_node(tmp_path: Path) -> None:
     nodepods.node_or_skip()
     try:
-        trainer_archive(), operator_archive()
+        trainer_image(), operator_image()
     except Unavailable as missing:
         pytest.skip(str(missing))
     output = tmp_path / "runtime_injection.json"

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_teardown_stress_in_real_pods_runs_and_ends_clean(tmp_path: Path) -> None:
     nodepods.node_or_skip()
     try:
-        images.archives()
+        images.built()
     except Unavailable as missing:
         missing_tool(str(missing))
     options = ("--jobs", "2", "--load", "1", "--keep", str(tmp_path))

@@ -138,9 +138,9 @@ def provider() -> Iterator[Provider]:
 def _node() -> Iterator[Provider]:
     from support import images, node
 
-    archives = images.archives()  # before the node starts: a missing image is a quick skip
+    loadables = images.node_images()  # before the node starts: a missing image is a quick skip
     with node.running_node() as real:
-        real.load_images(list(archives.values()))
+        real.load_images(loadables)
         yield NodeProvider(real)
 
 

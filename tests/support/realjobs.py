@@ -8,9 +8,10 @@ benchmarks/recovery.py share.
         records(volume)                     # rank 0's metrics records, from the checkpoint volume
 
 The trainer image is the one built from the current sources (tests/cluster/build-images.sh),
-or the archive KUBETRAIN_TRAINER_ARCHIVE names; KUBETRAIN_TRAINER_OVERLAY=1 runs this tree's
-kubetrain package over the image's (a read-only hostPath first on PYTHONPATH): for trying a
-branch's trainer on an image built from other sources. Neither is for a verdict on a release.
+or the one KUBETRAIN_TRAINER_IMAGE names (`oci:<layout>:<tag>` or an OCI archive's path);
+KUBETRAIN_TRAINER_OVERLAY=1 runs this tree's kubetrain package over the image's (a read-only
+hostPath first on PYTHONPATH): for trying a branch's trainer on an image built from other
+sources. Neither is for a verdict on a release.
 """
 
 from __future__ import annotations
@@ -35,19 +36,19 @@ from support.operator_process import KUBETRAIN, OperatorProcess
 from support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-ARCHIVE_ENV = "KUBETRAIN_TRAINER_ARCHIVE"
+IMAGE_ENV = "KUBETRAIN_TRAINER_IMAGE"
 OVERLAY_ENV = "KUBETRAIN_TRAINER_OVERLAY"
 OVERLAY_PATH = "/opt/kubetrain-overlay"
 
 
-def trainer_archive() -> Path:
-    given = os.environ.get(ARCHIVE_ENV)
-    return Path(given) if given else images.archives(images.TRAINER_REF)[images.TRAINER_REF]
+def trainer_image() -> images.Loadable:
+    given = os.environ.get(IMAGE_ENV)
+    return images.loadable(images.TRAINER_REF, given) if given else images.node_images(images.TRAINER_REF)[0]
 
 
-def operator_archive() -> Path:
+def operator_image() -> images.Loadable:
     """The operator image: the pods' runtime init container runs it (spec.runtime.inject)."""
-    return images.archives(images.OPERATOR_REF)[images.OPERATOR_REF]
+    return images.node_images(images.OPERATOR_REF)[0]
 
 
 def overlay_tree(into: Path) -> Path:
@@ -200,12 +201,12 @@ class RealJobs:
 def real_jobs(workdir: Path, namespace: str, *, overlay: bool | None = None) -> Iterator[RealJobs]:
     """The real node with the trainer image, kubetrain's CRD, `namespace`, and the operator of
     this tree on the host (its log in `workdir`). `overlay` None: KUBETRAIN_TRAINER_OVERLAY says."""
-    archives = [trainer_archive(), operator_archive()]
+    loadables = [trainer_image(), operator_image()]
     if overlay is None:
         overlay = os.environ.get(OVERLAY_ENV) == "1"
     with real.running_node() as node:
         tree = overlay_tree(workdir / "overlay") if overlay else None
-        node.load_images(archives)
+        node.load_images(loadables)
         controlplane.install_crds(node.cp, ROOT / "crds")
         node.cp.kubectl("create", "namespace", namespace)
         sa = ("get", "sa", "default", "-n", namespace)

@@ -20,10 +20,11 @@ from typing import Any
 
 import yaml
 
-from support import controlplane, dnsquery, hoststate, nodeconfig, ociimage
+from support import controlplane, dnsquery, hoststate, nodeconfig, ociimage, ocilayout
 from support.controlplane import ControlPlane
 from support.daemons import Daemons
 from support.nodeconfig import BRIDGE, KUBERNETES_SERVICE_IP, NODE_IP, NodePaths
+from support.ocilayout import LayoutImage
 from support.waiting import wait_for
 
 NODE_NAME = "kubetrain-node"
@@ -87,25 +88,48 @@ class RealNode(Daemons):
         rows = [line.split() for line in self.ctr("images", "ls").stdout.splitlines()[1:]]
         return {row[0]: row[2] for row in rows if len(row) > 2}
 
-    def load_images(self, archives: Sequence[Path]) -> list[str]:
-        """Import OCI archives (`buildah push ... oci-archive:`, ociimage.scratch_image) into the
-        node; an archive whose images are already there with the same digest is skipped. The
-        names come from the io.containerd.image.name or org.opencontainers.image.ref.name
-        annotation. Returns the names of the archives' images."""
+    def load_images(self, images: Sequence[Path | tuple[str, LayoutImage]]) -> list[str]:
+        """Import images into the node: OCI archives (`ociimage.scratch_image`, a tar named by
+        its io.containerd.image.name or org.opencontainers.image.ref.name annotation), and
+        (name, layout image) pairs, imported under `name` with only the blobs containerd lacks
+        (tests/support/ocilayout.py). An image already there with the same digest is skipped.
+        Returns the names of the images."""
         names: list[str] = []
-        for archive in archives:
+        layout = {name: image for item in images if isinstance(item, tuple) for name, image in [item]}
+        for archive in (item for item in images if isinstance(item, Path)):
             wanted = ociimage.archive_images(archive)
-            present = self.images()
-            if not wanted or any(present.get(name) != digest for name, digest in wanted.items()):
-                self.ctr("images", "import", str(archive))
-                present = self.images()
-            absent = [name for name, digest in wanted.items() if present.get(name) != digest]
-            if absent or not wanted:
-                raise RuntimeError(
-                    f"{archive}: import did not produce {absent or 'any named image'}; have {sorted(present)}"
-                )
-            names += wanted
+            names += self._import(str(archive), wanted, lambda archive=archive: self._import_archive(archive))
+        if layout:
+            wanted = {name: image.descriptor()["digest"] for name, image in layout.items()}
+            names += self._import(", ".join(map(str, layout.values())), wanted, lambda: self._import_layout(layout))
         return names
+
+    def _import(self, what: str, wanted: dict[str, str], load: Callable[[], None]) -> list[str]:
+        present = self.images()
+        if not wanted or any(present.get(name) != digest for name, digest in wanted.items()):
+            load()
+            present = self.images()
+        absent = [name for name, digest in wanted.items() if present.get(name) != digest]
+        if absent or not wanted:
+            raise RuntimeError(f"{what}: import did not produce {absent or 'any named image'}; have {sorted(present)}")
+        return list(wanted)
+
+    def _import_archive(self, archive: Path) -> None:
+        self.ctr("images", "import", str(archive))
+
+    def _import_layout(self, images: dict[str, LayoutImage]) -> None:
+        """One `ctr images import -` fed a stream with the blobs the content store lacks."""
+        have = self.ctr("content", "ls", "-q").stdout.split()
+        argv = ["ctr", "--address", str(self.paths.containerd_socket), "-n", "k8s.io", "images", "import", "-"]
+        with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+            assert proc.stdin is not None and proc.stdout is not None
+            # ctr stops reading when it fails: its own error says why, below.
+            with contextlib.suppress(BrokenPipeError):
+                ocilayout.import_stream(proc.stdin, images, have)
+                proc.stdin.close()
+            output = proc.stdout.read().decode(errors="replace")
+            if proc.wait(timeout=600) != 0:
+                raise controlplane.ToolError(proc.returncode, argv, output, "")
 
     def prune_images(self) -> list[str]:
         """Remove the images no name points to any more: an import under an existing name
