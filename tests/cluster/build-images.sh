@@ -346,8 +346,9 @@ build_guest() {
   echo "oci:$LAYOUT:$tag"
 }
 
+# has_tag TAG: the layout holds TAG (index.json read as JSON: skopeo and gc format it differently).
 has_tag() {
-  grep -qF "\"org.opencontainers.image.ref.name\":\"$1\"" "$LAYOUT/index.json" 2>/dev/null
+  python3 "$ROOT/tests/support/ocilayout.py" has "$LAYOUT" "$1"
 }
 
 # publish_image REF TAG: REF from buildah's storage into the layout as TAG. Layers go uncompressed

@@ -75,6 +75,13 @@ export GOCACHE=$CACHE/go-build GOMODCACHE=$CACHE/go-mod
 
 log() { printf '[install %3ds] %s\n' "$((SECONDS - START))" "$*"; }
 
+# cost T0 WHAT: what a build took (seconds since T0) and the Go caches it shares so far.
+cost() {
+  local caches
+  caches=$(du -sh "$GOCACHE" "$GOMODCACHE" 2>/dev/null | awk '{ printf "%s%s %s", sep, $1, $2; sep = ", " }')
+  log "$2: $((SECONDS - $1)) s (Go caches now: ${caches:-none})"
+}
+
 find_go() {
   if command -v go >/dev/null 2>&1; then
     command -v go
@@ -130,7 +137,7 @@ build_k8s() {
     log "kubernetes $K8S_VERSION cached in $K8S_DIR"
     return
   fi
-  local go src ldflags
+  local go src ldflags t0=$SECONDS
   go=$(find_go)
   src=$(k8s_wrapper_module "$K8S_VERSION")
   mkdir -p "$K8S_DIR"
@@ -140,6 +147,7 @@ build_k8s() {
   (
     cd "$src"
     go_env "$go" mod download k8s.io/kubernetes
+    cost "$t0" "kubernetes $K8S_VERSION: toolchain and module downloaded"
     go_env "$go" build -trimpath -ldflags "$ldflags" -o "$K8S_DIR/" \
       k8s.io/kubernetes/cmd/kube-apiserver \
       k8s.io/kubernetes/cmd/kube-controller-manager \
@@ -149,7 +157,7 @@ build_k8s() {
   "$K8S_DIR/kube-apiserver" --version
   "$K8S_DIR/etcd" --version | sed -n 1p
   touch "$K8S_DIR/.complete"
-  log "kubernetes $K8S_VERSION built into $K8S_DIR"
+  cost "$t0" "kubernetes $K8S_VERSION built into $K8S_DIR"
 }
 
 build_helm() {
@@ -157,7 +165,7 @@ build_helm() {
     log "helm $HELM_VERSION cached in $HELM_DIR"
     return
   fi
-  local go
+  local go t0=$SECONDS
   go=$(find_go)
   log "building helm $HELM_VERSION from helm.sh/helm/v3 (cold: ~3.5 CPU-minutes)"
   mkdir -p "$HELM_DIR"
@@ -167,6 +175,7 @@ build_helm() {
     -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   "$HELM_DIR/helm" version --short
+  cost "$t0" "helm $HELM_VERSION built into $HELM_DIR"
 }
 
 # Fills $KUBEFLOW_DIR with training-operator (cmd/training-operator.v1) and crds/ (its PyTorchJob
@@ -176,7 +185,7 @@ build_kubeflow() {
     log "kubeflow training operator $KUBEFLOW_VERSION cached in $KUBEFLOW_DIR"
     return
   fi
-  local go src
+  local go src t0=$SECONDS
   go=$(find_go)
   log "building $KUBEFLOW_MODULE@$KUBEFLOW_VERSION with $KUBEFLOW_GO_TOOLCHAIN (cold: a 70 MB toolchain download + ~2 CPU-minutes; 11 min measured at load average 14)"
   mkdir -p "$KUBEFLOW_DIR/crds"
@@ -188,7 +197,7 @@ build_kubeflow() {
   cp "$src/manifests/base/crds/kubeflow.org_pytorchjobs.yaml" "$KUBEFLOW_DIR/crds/"
   chmod u+w "$KUBEFLOW_DIR/crds/"*
   touch "$KUBEFLOW_DIR/.complete"
-  log "kubeflow training operator $KUBEFLOW_VERSION built into $KUBEFLOW_DIR"
+  cost "$t0" "kubeflow training operator $KUBEFLOW_VERSION built into $KUBEFLOW_DIR"
 }
 
 # Fills $KUEUE_DIR with kueue (cmd/kueue, the controller-manager), crds/ (the module's
@@ -199,7 +208,7 @@ build_kueue() {
     log "kueue $KUEUE_VERSION cached in $KUEUE_DIR"
     return
   fi
-  local go src
+  local go src t0=$SECONDS
   go=$(find_go)
   log "building $KUEUE_MODULE@$KUEUE_VERSION with $GO_TOOLCHAIN (cold: 30 min measured at load average 14 on 2 cores)"
   mkdir -p "$KUEUE_DIR/crds"
@@ -218,7 +227,7 @@ build_kueue() {
   cp "$src/config/components/webhook/manifests.yaml" "$KUEUE_DIR/webhooks.yaml"
   chmod u+w "$KUEUE_DIR/crds/"* "$KUEUE_DIR/webhooks.yaml"
   touch "$KUEUE_DIR/.complete"
-  log "kueue $KUEUE_VERSION built into $KUEUE_DIR"
+  cost "$t0" "kueue $KUEUE_VERSION built into $KUEUE_DIR"
 }
 
 # The node's Debian packages (installed as root: the node only ever runs as root).
@@ -245,7 +254,7 @@ build_node() {
     log "kubelet and pause $KUBELET_VERSION cached in $NODE_DIR"
     return
   fi
-  local go src mod
+  local go src mod t0=$SECONDS
   go=$(find_go)
   src=$(k8s_wrapper_module "$KUBELET_VERSION")
   mkdir -p "$NODE_DIR"
@@ -258,7 +267,7 @@ build_node() {
     "$mod/build/pause/linux/pause.c"
   "$NODE_DIR/kubelet" --version
   touch "$NODE_DIR/.complete"
-  log "kubelet and pause $(cat "$NODE_DIR/pause.version") built into $NODE_DIR"
+  cost "$t0" "kubelet and pause $(cat "$NODE_DIR/pause.version") built into $NODE_DIR"
 }
 
 # CoreDNS with only the plugins the node's Corefile uses (coredns/main.go lists them); without
@@ -268,7 +277,7 @@ build_coredns() {
     log "coredns $COREDNS_VERSION cached in $COREDNS_DIR"
     return
   fi
-  local go src=$CACHE/build-coredns-$COREDNS_VERSION
+  local go src=$CACHE/build-coredns-$COREDNS_VERSION t0=$SECONDS
   go=$(find_go)
   mkdir -p "$src" "$COREDNS_DIR"
   cp "$HERE/coredns/main.go" "$src/"
@@ -279,7 +288,7 @@ build_coredns() {
     -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" -o "$COREDNS_DIR/" .)
   "$COREDNS_DIR/coredns" -version | sed -n 1p
   touch "$COREDNS_DIR/.complete"
-  log "coredns $COREDNS_VERSION built into $COREDNS_DIR"
+  cost "$t0" "coredns $COREDNS_VERSION built into $COREDNS_DIR"
 }
 
 ALL_COMPONENTS=(k8s helm kueue kubeflow node)

@@ -160,6 +160,9 @@ def test_the_layout_keeps_the_tags_it_is_given_and_their_blobs_only(tmp_path: Pa
     assert gone == {hashlib.sha256(data).hexdigest() for data in (b"old code", old_config)} | {old_manifest}
     assert freed == sum(len(data) for data in (b"old code", old_config)) + int(str(entries[0]["size"]))
     assert not ocilayout.LayoutImage(layout, "trainer-cpu-old").exists()
+    # The script asks the same way whether a tag is built (whoever wrote index.json last).
+    assert ocilayout.main(["has", str(layout), "trainer-cpu-new"]) == 0
+    assert ocilayout.main(["has", str(layout), "trainer-cpu-old"]) == 1
     for tag in ("trainer-cpu-new", "guest-cpu-1"):
         kept = ocilayout.LayoutImage(layout, tag)
         assert all(kept.blob(b["digest"]).is_file() for b in kept.blobs())

@@ -6,7 +6,8 @@ GBs are written once. Each image is tagged there `<name>-<content key>`.
 A node takes an image from it by an import of just the blobs its containerd lacks
 (`import_stream`): containerd unpacks a manifest whose other layers it already holds. The build
 script calls `gc` (`python3 ocilayout.py gc LAYOUT TAG...`) to drop every other tag and the blobs
-no kept image refers to. Standard library only: the script runs it with the host's python3.
+no kept image refers to, and `has` (`python3 ocilayout.py has LAYOUT TAG`, exit status 0 when the
+tag is there). Standard library only: the script runs it with the host's python3.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def gc(layout: Path, keep: Iterable[str]) -> tuple[list[str], int]:
     index = read_json(layout / "index.json")
     index["manifests"] = list(kept.values())
     partial = layout / "index.json.partial"
-    partial.write_text(json.dumps(index))
+    partial.write_text(json.dumps(index, separators=(",", ":")))
     os.replace(partial, layout / "index.json")
     referenced = {blob["digest"].split(":", 1)[1] for tag in kept for blob in LayoutImage(layout, tag).blobs()}
     freed = 0
@@ -141,8 +142,10 @@ def gc(layout: Path, keep: Iterable[str]) -> tuple[list[str], int]:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[0] == "has":
+        return 0 if argv[2] in tags(Path(argv[1])) else 1
     if len(argv) < 2 or argv[0] != "gc":
-        print("usage: ocilayout.py gc LAYOUT [TAG...]", file=sys.stderr)
+        print("usage: ocilayout.py has LAYOUT TAG | gc LAYOUT [TAG...]", file=sys.stderr)
         return 2
     removed, freed = gc(Path(argv[1]), argv[2:])
     print(f"layout {argv[1]}: kept {len(argv) - 2} tags, removed {removed or 'none'}, freed {freed // 2**20} MiB")
