@@ -78,7 +78,8 @@ log() { printf '[install %3ds] %s\n' "$((SECONDS - START))" "$*"; }
 # cost T0 WHAT: what a build took (seconds since T0) and the Go caches it shares so far.
 cost() {
   local caches
-  caches=$(du -sh "$GOCACHE" "$GOMODCACHE" 2>/dev/null | awk '{ printf "%s%s %s", sep, $1, $2; sep = ", " }')
+  # du fails on a cache not made yet (GOCACHE before the first compile): that one is left out.
+  caches=$({ du -sh "$GOCACHE" "$GOMODCACHE" 2>/dev/null || true; } | awk '{ printf "%s%s %s", sep, $1, $2; sep = ", " }')
   log "$2: $((SECONDS - $1)) s (Go caches now: ${caches:-none})"
 }
 
