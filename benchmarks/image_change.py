@@ -57,12 +57,7 @@ def build(tree: Path) -> tuple[dict[str, LayoutImage], float, list[str]]:
     seconds = time.monotonic() - t0
     if done.returncode != 0:
         sys.exit(f"build-images.sh failed for {tree}:\n{done.stderr[-5000:]}")
-    keys = {"OPERATOR_IMAGE": images.OPERATOR_REF, "TRAINER_IMAGE": images.TRAINER_REF, "GUEST_IMAGE": images.GUEST_REF}
-    built = {
-        keys[k]: LayoutImage.parse(v)
-        for k, _, v in (line.partition("=") for line in done.stdout.splitlines())
-        if k in keys
-    }
+    built = images.parse_printed(done.stdout, f"build-images.sh for {tree}")
     return built, seconds, [line for line in done.stderr.splitlines() if line.startswith("[images")]
 
 

@@ -41,13 +41,18 @@ def expected_images(root: Path = ROOT, env: dict[str, str] | None = None) -> dic
     result = subprocess.run(
         ["bash", str(script), "--print"], capture_output=True, text=True, timeout=60, env=env, check=True
     )
+    return parse_printed(result.stdout, f"{script} --print")
+
+
+def parse_printed(stdout: str, what: str) -> dict[str, LayoutImage]:
+    """Image ref -> layout image, from the script's last lines (a build's or --print's)."""
     found: dict[str, LayoutImage] = {}
-    for line in result.stdout.splitlines():
+    for line in stdout.splitlines():
         key, _, value = line.partition("=")
         if key in _KEYS:
             found[_KEYS[key]] = LayoutImage.parse(value)
     if set(found) != set(_KEYS.values()):
-        raise RuntimeError(f"{script} --print did not name every image:\n{result.stdout}{result.stderr}")
+        raise RuntimeError(f"{what} did not name every image:\n{stdout}")
     return found
 
 
