@@ -25,6 +25,7 @@ COPY pyproject.toml README.md ./
 COPY api/ api/
 COPY operator/ operator/
 COPY local/ local/
+COPY runtime/ runtime/
 COPY trainer/ trainer/
 COPY cli/ cli/
 COPY client/ client/
@@ -99,16 +100,16 @@ WORKDIR /opt/kubetrain
 FROM trainer-deps AS trainer
 COPY --from=wheel /wheels /tmp/wheels
 # The worker extra finds its dependencies installed below: pip installs kubetrain alone.
-# The .pth loads kubetrain.trainer.torchrun_hooks in every Python of the image (inert until
+# The .pth loads kubetrain.runtime.torchrun_hooks in every Python of the image (inert until
 # torch.distributed is imported): clean exits for any script under torchrun, unmodified.
 # DL3013 reads "$1[worker]" as an unpinned package; it is the wheel built above.
 # hadolint ignore=DL3013
 RUN set -- /tmp/wheels/kubetrain-*.whl \
     && pip install --no-cache-dir "$1[worker]" \
     && rm -rf /tmp/wheels \
-    && echo "import kubetrain.trainer.torchrun_hooks" \
+    && echo "import kubetrain.runtime.torchrun_hooks" \
        > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kubetrain-torchrun-hooks.pth" \
-    && python -c "import sys, torch, kubetrain.trainer; assert 'kubetrain.trainer.torchrun_hooks' in sys.modules; print('torch', torch.__version__)" \
+    && python -c "import sys, torch, kubetrain.trainer; assert 'kubetrain.runtime.torchrun_hooks' in sys.modules; print('torch', torch.__version__)" \
     && command -v torchrun
 COPY examples/ examples/
 USER 10001:10001

@@ -7,7 +7,7 @@ process. A single-process pod also carries RANK and LOCAL_RANK so that a plain
 `python script.py` with `init_process_group("env://")` works without torchrun.
 
 Standard library only, and on the oldest Python a user's image may carry (3.10): the runtime that
-runs beside user code (kubetrain.trainer.runtime_bundle) reads these names in any image.
+runs beside user code (kubetrain.runtime.bundle) reads these names in any image.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ RESERVED_ENV_PREFIX = "KUBETRAIN_"
 FAULT_ENV = "KUBETRAIN_FAULT"
 LEDGER_ENV = "KUBETRAIN_SAMPLE_LEDGER"
 USER_SETTABLE = (FAULT_ENV, LEDGER_ENV)
-# The in-place gang restart (trainer/agent.py, runPolicy.restartStrategy InPlace). The pod's
+# The in-place gang restart (runtime/agent/inplace.py, runPolicy.restartStrategy InPlace). The pod's
 # attempt as rendered; the file that holds its current attempt (the pod's attempt label, projected
 # by the downward API: the operator moves a living pod to the next attempt by relabelling it);
 # the port the torchrun agent listens on while its workers run (the pod's readiness probe). The
@@ -160,7 +160,7 @@ DEFAULT_ENV: dict[str, str] = {
 
 # Pods get this terminationGracePeriodSeconds unless spec.template sets one: the time between
 # SIGTERM and SIGKILL in which every rank stops at the next optimizer step and rank 0 writes a
-# checkpoint of it (kubetrain.trainer.stopping). It covers one or two steps plus a save: the
+# checkpoint of it (kubetrain.runtime.worker.stopping). It covers one or two steps plus a save: the
 # README's example saves in ~0.05 s, a 100M-parameter model with AdamW state in seconds on CPU
 # (benchmarks/stop_on_signal.py measures both). Kubernetes' own default is 30 s.
 DEFAULT_GRACE_SECONDS = 120
@@ -170,7 +170,7 @@ SHUTDOWN_TIMEOUT_ENV = "PET_SHUTDOWN_TIMEOUT"
 
 
 # With runPolicy.hangTimeoutSeconds: a rank that has not finished an optimizer step for this long
-# (half the timeout) writes every thread's Python stack to its log (kubetrain.trainer.watchdog),
+# (half the timeout) writes every thread's Python stack to its log (kubetrain.runtime.worker.watchdog),
 # where the operator finds them when it declares the stall and names the rank that hung.
 STACKS_AFTER_ENV = "KUBETRAIN_STACKS_AFTER_SECONDS"
 

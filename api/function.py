@@ -3,7 +3,7 @@
 `train(fn, ...)` ships `fn` as two files in one directory: SOURCE_FILE, a module holding the
 function's `def` and what it needs (kubetrain.client.ship writes it), and CALL_FILE, which
 function of it to call with which JSON arguments (`FunctionCall`). Every rank runs
-`torchrun -m kubetrain.trainer.function DIR` (RUNNER_MODULE). On a cluster DIR is a ConfigMap
+`torchrun -m kubetrain.runtime.guest.function DIR` (RUNNER_MODULE). On a cluster DIR is a ConfigMap
 mounted at FUNCTION_DIR through spec.template; locally it is a folder of the run directory,
 mapped to FUNCTION_DIR as `kubetrain run --local --volume` maps any volume. So both backends run
 the very same TrainingJob.

@@ -1,6 +1,6 @@
 """A shipped function's files as its runner reads them, with the standard library only: the runner
-(kubetrain.trainer.function) runs in any image with torch, one without kubetrain's dependencies
-included (kubetrain.trainer.runtime_bundle ships it). kubetrain.api.function's FunctionCall, a
+(kubetrain.runtime.guest.function) runs in any image with torch, one without kubetrain's dependencies
+included (kubetrain.runtime.bundle ships it). kubetrain.api.function's FunctionCall, a
 pydantic model, writes call.json; tests/trainer/test_function_runner.py keeps the two agreeing."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 SOURCE_FILE = "function.py"
 CALL_FILE = "call.json"
-RUNNER_MODULE = "kubetrain.trainer.function"
+RUNNER_MODULE = "kubetrain.runtime.guest.function"
 FUNCTION_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 FUNCTION_NAME_MAX = 256
 

@@ -829,7 +829,7 @@ class CheckpointSkip(StrictModel):
 class RuntimeFallback(StrictModel):
     """A feature of what kubetrain runs beside the training script (torchrun's agent, its hooks)
     that the job's torch lacks a private name or parameter for: torch's own behaviour runs
-    instead (kubetrain.trainer.torch_private)."""
+    instead (kubetrain.runtime.torch_private)."""
 
     feature: str = Field(
         max_length=64,

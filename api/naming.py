@@ -25,7 +25,7 @@ LABEL_JOB = f"{LABEL_PREFIX}/job-name"
 LABEL_NODE_RANK = f"{LABEL_PREFIX}/node-rank"
 LABEL_ATTEMPT = f"{LABEL_PREFIX}/attempt"
 # An elastic gang's members of the pod's attempt (api/contract.format_members), projected beside
-# the attempt file for the torchrun agent (trainer/agent.py).
+# the attempt file for the torchrun agent (runtime/agent/inplace.py).
 MEMBERS_ANNOTATION = f"{LABEL_PREFIX}/members"
 LABEL_ROLE = f"{LABEL_PREFIX}/role"
 LABEL_JOB_UID = f"{LABEL_PREFIX}/job-uid"
@@ -45,11 +45,11 @@ CHECKPOINT_VOLUME = "checkpoints"
 SHM_VOLUME = "dshm"
 SHM_PATH = "/dev/shm"
 # The pod's own facts for its torchrun agent (the attempt label, by the downward API): read by
-# the in-place restart (trainer/agent.py).
+# the in-place restart (runtime/agent/inplace.py).
 POD_INFO_VOLUME = "kubetrain-pod"
 POD_INFO_PATH = "/etc/kubetrain-pod"
 ATTEMPT_FILE = "attempt"
-# kubetrain's runtime for images that lack it (kubetrain.trainer.runtime_bundle): an init container
+# kubetrain's runtime for images that lack it (kubetrain.runtime.bundle): an init container
 # of this name copies it into this volume, mounted read-only in the trainer at this path.
 RUNTIME_VOLUME = "kubetrain-runtime"
 RUNTIME_CONTAINER = "kubetrain-runtime"

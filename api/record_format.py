@@ -1,6 +1,6 @@
 """The names of rank 0's metrics records: which events exist, which only mark an attempt, and the
 file they are appended to. kubetrain.api.records holds their parser and fold (with the models);
-these names are apart because the runtime beside user code (kubetrain.trainer.runtime_bundle)
+these names are apart because the runtime beside user code (kubetrain.runtime.bundle)
 writes records in any image: standard library only, Python 3.10 and later.
 """
 

@@ -1,7 +1,7 @@
 """The metrics-record format of rank 0, its one parser and its one fold into progress.
 
 Records are one JSON object per line, on rank 0's stdout and appended to
-`<checkpoint dir>/metrics.jsonl` (the trainer writes them: `kubetrain.trainer.metrics`).
+`<checkpoint dir>/metrics.jsonl` (the trainer writes them: `kubetrain.runtime.worker.metrics`).
 The local runner, `kubetrain plot` and the operator's progress all read them through
 `parse_record`, so their shape is fixed (see EVENTS and docs/trainer.md).
 
@@ -14,11 +14,11 @@ Kubernetes credentials at all.
 Besides the training records, three mark an attempt's start-up and end (see `fold_timeline` and
 `gang_failure`); they carry `attempt` and no step, so they never move progress:
 * `rendezvous` (the trainer's rank 0, once its process group exists);
-* `launch` (each node's torchrun agent when it started its workers, trainer/agent.py);
+* `launch` (each node's torchrun agent when it started its workers, runtime/agent/inplace.py);
 * `failure` (each node's torchrun agent once the gang stopped: the gang's first failure, with the
   node, process rank, exit code, reason and message the operator records in status.failures[]).
 
-`fallback` (a torchrun agent, kubetrain.trainer.torch_private): this torch lacks a private name a
+`fallback` (a torchrun agent, kubetrain.runtime.torch_private): this torch lacks a private name a
 feature of kubetrain's runtime needs, and torch's own behaviour runs instead (`feature`, `torch`,
 `missing`, `message`). Like the marks it moves no progress; `fold_fallbacks` keeps one per feature
 in status.runtimeFallbacks.
@@ -73,7 +73,7 @@ def parse_record(line: str) -> dict[str, Any] | None:
     return None
 
 
-# Records the torchrun agents print (trainer/agent.py): kubetrain's own plumbing, on node 0's
+# Records the torchrun agents print (runtime/agent/inplace.py): kubetrain's own plumbing, on node 0's
 # output beside rank 0's, not the job's metrics.
 AGENT_EVENTS = ("launch", "failure", FALLBACK, "standby")
 

@@ -7,10 +7,10 @@ Two comparisons, each between arms that alternate in one run (the order flips ev
 runtime acts as it does under torchrun:
 
 1. Hugging Face `Trainer` (a tiny GPT-2 from its config, synthetic tokens, logging every 10
-   steps, no saves): with kubetrain's adapter (kubetrain.trainer.hf_adapter: records, the stop
+   steps, no saves): with kubetrain's adapter (kubetrain.runtime.guest.hf_adapter: records, the stop
    vote at every step end, watchdog beats) against the same Trainer with the adapter's callback
    removed.
-2. A plain DDP loop (SGD on an MLP): kubetrain.trainer.step_watch's optimizer-step hook
+2. A plain DDP loop (SGD on an MLP): kubetrain.runtime.guest.step_watch's optimizer-step hook
    (watchdog beat, rank 0's throttled records) on and off in alternate 10-step blocks of one
    loop, each on block against the off block before it; and the hook's own cost per call.
 
@@ -43,7 +43,7 @@ def _hf_arm(adapter: bool, steps: int, directory: str) -> float:
     from torch.utils.data import TensorDataset
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-    from kubetrain.trainer.hf_adapter import Adapter
+    from kubetrain.runtime.guest.hf_adapter import Adapter
 
     marks: dict[int, float] = {}
 
@@ -89,7 +89,7 @@ def _plain_blocks(steps: int, block: int = 10) -> dict[str, float]:
     from torch.nn.parallel import DistributedDataParallel
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from kubetrain.trainer import step_watch
+    from kubetrain.runtime.guest import step_watch
 
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10)))
@@ -126,7 +126,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     import transformers.trainer
 
-    from kubetrain.trainer import hf_adapter, step_watch
+    from kubetrain.runtime.guest import hf_adapter, step_watch
 
     torch.set_num_threads(1)
     hf_adapter.install(transformers.trainer)

@@ -2,7 +2,7 @@
 operator's env contract (gloo, one thread each), a max over ranks, and the machine described.
 
 A benchmark script re-runs itself as each rank (`spawn(__file__, [..., "--worker"], ranks)`);
-its worker enters `kubetrain.trainer.dist.distributed("gloo")` as a pod's process would.
+its worker enters `kubetrain.runtime.worker.dist.distributed("gloo")` as a pod's process would.
 """
 
 from __future__ import annotations

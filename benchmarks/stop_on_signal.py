@@ -1,4 +1,4 @@
-"""What a zero-loss stop costs (kubetrain.trainer.stopping), measured on this machine.
+"""What a zero-loss stop costs (kubetrain.runtime.worker.stopping), measured on this machine.
 
     .venv/bin/python benchmarks/stop_on_signal.py [--parts vote,stop] [--rounds 60] [--reps 5]
 
@@ -104,9 +104,9 @@ def _vote_model(ctx: Any, name: str, rounds: int, block_seconds: float) -> dict[
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from kubetrain.trainer import stopping
+    from kubetrain.runtime.worker import stopping
+    from kubetrain.runtime.worker.stopping import StopSignal
     from kubetrain.trainer.model import MLP
-    from kubetrain.trainer.stopping import StopSignal
     from kubetrain.trainer.train import accumulate_gradients
 
     features, hidden, batch = VOTE_MODELS[name]
@@ -186,7 +186,7 @@ def _vote_model(ctx: Any, name: str, rounds: int, block_seconds: float) -> dict[
 def vote_worker(args: argparse.Namespace) -> None:
     import torch
 
-    from kubetrain.trainer import dist as kdist
+    from kubetrain.runtime.worker import dist as kdist
 
     torch.set_num_threads(1)
     with kdist.distributed("gloo", timeout_s=600, connect_timeout_s=60) as ctx:

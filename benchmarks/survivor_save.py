@@ -5,7 +5,7 @@ epoch end only), node 1's worker SIGKILLed after step 30 (`KUBETRAIN_FAULT=kill,
 the in-place restart. Two variants, alternating within each pair of runs, in one invocation:
 
 - `survivor`: as shipped: node 0's worker saves step 30 before the gang restarts
-  (kubetrain.trainer.survivor);
+  (kubetrain.runtime.worker.survivor);
 - `off`: the same job with `KUBETRAIN_SURVIVOR=off` in its command (what every job did before):
   the gang resumes from the epoch's save, step 22.
 

@@ -23,7 +23,7 @@ their CUDA lines made CPU (its README lists every changed line): a fix that need
 change their script would show here.
 
 `--hooks off` (or `--no-hooks`) runs the same jobs without kubetrain's torchrun hooks
-(trainer/torchrun_hooks.py): the runner's PYTHONPATH entry that loads them (local/site/) is
+(runtime/torchrun_hooks.py): the runner's PYTHONPATH entry that loads them (local/site/) is
 swapped for an empty folder, inside this benchmark only. `--hooks alternate` runs each job both
 ways back to back (in turn hooks first and last), so that a comparison is not a comparison of two
 stretches of the machine's load. Each run records which it got, read back from the run's own

@@ -61,7 +61,7 @@ EPOCHS = 3  # 22 steps an epoch on 2 nodes: 66 steps
 CHECKPOINT_EVERY = 10
 HANG_STEP = 15  # after the first checkpoint (step 10), before the second
 JOB_TIMEOUT_S = 900
-PROBE = "import sys, torch; print(torch.__version__, 'hooks', 'kubetrain.trainer.torchrun_hooks' in sys.modules)"
+PROBE = "import sys, torch; print(torch.__version__, 'hooks', 'kubetrain.runtime.torchrun_hooks' in sys.modules)"
 FAULT_LINE = f"injecting hang at step {HANG_STEP}"
 
 

@@ -216,9 +216,9 @@ def _checkpoint_run(ctx: Any, directory: str) -> float:
 def worker(args: argparse.Namespace) -> None:
     import torch
 
-    from kubetrain.trainer import dist as kdist
+    from kubetrain.runtime.worker import dist as kdist
+    from kubetrain.runtime.worker.metrics import configure_logging
     from kubetrain.trainer.checkpoint import complete_checkpoints
-    from kubetrain.trainer.metrics import configure_logging
 
     _sizes(args)
     backend = "nccl" if args.device == "cuda" else "gloo"

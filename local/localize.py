@@ -26,6 +26,7 @@ from kubetrain.api.contract import (
     PET_PREFIX,
 )
 from kubetrain.api.training import CONFIG_ENV, TrainConfig
+from kubetrain.runtime import bundle
 
 
 class LocalRunError(ValueError):
@@ -37,10 +38,10 @@ OMP_NUM_THREADS = "OMP_NUM_THREADS"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 PYTHONPATH = "PYTHONPATH"
 
-# The runtime's loader (a sitecustomize that loads kubetrain.trainer.torchrun_hooks): what the
+# The runtime's loader (a sitecustomize that loads kubetrain.runtime.torchrun_hooks): what the
 # trainer image's .pth does; the operator's init container copies it into other images
-# (kubetrain.trainer.runtime_bundle).
-SITE_DIR = Path(__file__).resolve().parent / "site"
+# (kubetrain.runtime.bundle).
+SITE_DIR = bundle.SITE_DIR
 SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 # What the trainer's object-store client (obstore) reads besides the credentials themselves (it reads
 # variables, not ~/.aws profiles): the nodes inherit it from the environment `kubetrain run` was

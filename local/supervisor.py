@@ -113,7 +113,7 @@ class _Node:
     readers: list[threading.Thread] = field(default_factory=list)
     finished: datetime | None = None
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=MESSAGE_LINES))
-    # From its torchrun agent's records (trainer/agent.py), as a pod's readiness probe and log
+    # From its torchrun agent's records (runtime/agent/inplace.py), as a pod's readiness probe and log
     # tell the operator: running the workers of its attempt (`launch`), or holding a failed gang.
     ready: bool = False
     held: GangFailure | None = None
@@ -150,7 +150,7 @@ class Supervisor:
         self.policy = policy
         self.view = view
         # As the kubelet does: SIGTERM, then SIGKILL after the pods' terminationGracePeriodSeconds,
-        # in which the trainer checkpoints the step it is at (kubetrain.trainer.stopping).
+        # in which the trainer checkpoints the step it is at (kubetrain.runtime.worker.stopping).
         self.grace_s = float(grace_seconds(plan.job)) if grace_s is None else grace_s
         # Set from another thread (kubetrain.client's Job.delete): stop every node, as a Ctrl-C does.
         self.stop_requested = threading.Event()

@@ -14,7 +14,7 @@ from the operator's key (KUBETRAIN_AGENT_KEY, the chart's `<release>-agent-key` 
 job's uid: every replica, and an operator restarted, signs alike, and the operator needs no
 permission to read Secrets. The agents take no unsigned order, so nothing but the operator (and
 whoever may read the job's Secrets) can move a gang. One agent reached is enough: it relays the
-attempt to the others through their rendezvous store (trainer/agent.py).
+attempt to the others through their rendezvous store (runtime/agent/inplace.py).
 """
 
 from __future__ import annotations

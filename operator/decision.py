@@ -65,7 +65,7 @@ class Decision:
     # The grace period of those deletes; None: the pods' own (terminationGracePeriodSeconds).
     delete_grace_seconds: int | None = None
     # (name, uid): living pods to move to the status's attempt (relabelled): their torchrun
-    # agents restart their workers as that attempt, in place (trainer/agent.py).
+    # agents restart their workers as that attempt, in place (runtime/agent/inplace.py).
     restart_in_place: list[tuple[str, str]] = field(default_factory=list)
     delete_job: bool = False
     events: list[Event] = field(default_factory=list)

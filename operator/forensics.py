@@ -1,4 +1,4 @@
-"""Pure: which rank hung, from the stacks every rank wrote to its log (kubetrain.trainer.watchdog).
+"""Pure: which rank hung, from the stacks every rank wrote to its log (kubetrain.runtime.worker.watchdog).
 
 A rank that stops stepping for KUBETRAIN_STACKS_AFTER_SECONDS (half of hangTimeoutSeconds)
 writes faulthandler's dump of all its threads; local rank i of a pod waits `seconds + i`, so a
@@ -29,7 +29,13 @@ _TIMEOUT = re.compile(r"^Timeout \((\d+):(\d\d):(\d\d)\)!\s*$")
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):\s*$")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+?)\s*$')
 # Frames of these are not the user's: torch, the standard library, kubetrain's own plumbing.
-_LIBRARY = ("/torch/", "/threading.py", "/runpy.py", "/kubetrain/trainer/watchdog.py", "/kubetrain/trainer/stopping.py")
+_LIBRARY = (
+    "/torch/",
+    "/threading.py",
+    "/runpy.py",
+    "/kubetrain/runtime/worker/watchdog.py",
+    "/kubetrain/runtime/worker/stopping.py",
+)
 _WAITING = ("/torch/distributed/", "/torch/autograd/", "/torch/_tensor.py", "/torch/nn/parallel/distributed.py")
 
 
@@ -83,9 +89,9 @@ def _library(path: str) -> bool:
     return re.search(r"/lib/python3\.\d+/", path) is not None and "-packages/" not in path
 
 
-# A worker forked by its torchrun agent (kubetrain.trainer.warmstart, the in-place restart) runs
+# A worker forked by its torchrun agent (kubetrain.runtime.agent.warmstart, the in-place restart) runs
 # inside the agent's call stack: the frames outside this one are the agent's, not the worker's.
-_FORK = "/kubetrain/trainer/warmstart.py"
+_FORK = "/kubetrain/runtime/agent/warmstart.py"
 
 
 def _worker_part(frames: list[Frame]) -> Stack:

@@ -79,7 +79,7 @@ class PodView:
     # When the trainer container started running (the attempt's timeline).
     started: datetime | None = None
     # Readiness: with the in-place restart, the pod's torchrun agent listens on the readiness
-    # probe's port while it runs the workers of the pod's attempt (trainer/agent.py); `ready_at`
+    # probe's port while it runs the workers of the pod's attempt (runtime/agent/inplace.py); `ready_at`
     # is when the Ready condition last changed.
     ready: bool = False
     ready_at: datetime | None = None

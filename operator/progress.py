@@ -22,7 +22,7 @@ status.lastCheckpointRefusal wherever rank 0's records are folded, a current pod
 ended one's archived tail, and each new one a CheckpointRefused Warning Event (`refusal_events`:
 the stored status against the one written, so a log read again posts nothing twice). A
 `fallback` record (a torchrun agent's: this job's torch lacks a private name a feature of
-kubetrain's runtime needs, kubetrain.trainer.torch_private) becomes an entry of
+kubetrain's runtime needs, kubetrain.runtime.torch_private) becomes an entry of
 status.runtimeFallbacks, one per feature, and a RuntimeFallback Warning Event, the same way.
 """
 

@@ -129,7 +129,7 @@ def render_service(job: TrainingJob, namespace: str, uid: str) -> dict[str, Any]
 
 def render_agent_secret(job: TrainingJob, namespace: str, uid: str, token: str) -> dict[str, Any]:
     """The job's agent token (an in-place job's): the operator signs its orders of the next
-    attempt with it, and the pods' torchrun agents take only orders signed so (trainer/agent.py).
+    attempt with it, and the pods' torchrun agents take only orders signed so (runtime/agent/inplace.py).
     The caller chooses the token (this module has no randomness)."""
     return {
         "apiVersion": "v1",
@@ -157,7 +157,7 @@ def in_place(job: TrainingJob) -> bool:
 
 def _attempt_env(job: TrainingJob, attempt: int) -> list[dict[str, Any]]:
     """The attempt the pod is created for (rank 0's records carry it: the attempt's timeline), and
-    what the torchrun agent of an in-place job reads (trainer/agent.py)."""
+    what the torchrun agent of an in-place job reads (runtime/agent/inplace.py)."""
     env: list[dict[str, Any]] = [{"name": ATTEMPT_ENV, "value": str(attempt)}]
     if in_place(job):
         env.append({"name": ATTEMPT_FILE_ENV, "value": f"{naming.POD_INFO_PATH}/{naming.ATTEMPT_FILE}"})
@@ -211,7 +211,7 @@ RUNTIME_SECURITY: dict[str, Any] = {
 # ClusterQueue that covers only GPUs admits it as before), and a quota that wants limits gets them
 # where the trainer gives them. It copies ~20 files: whatever the trainer may use is plenty.
 RUNTIME_RESOURCE_KINDS = ("cpu", "memory", "ephemeral-storage")
-RUNTIME_COMMAND = ("python", "-m", "kubetrain.trainer.runtime_bundle", naming.RUNTIME_PATH)
+RUNTIME_COMMAND = ("python", "-m", "kubetrain.runtime.bundle", naming.RUNTIME_PATH)
 PYTHONPATH = "PYTHONPATH"
 # A job's own PYTHONPATH from a valueFrom source goes under this name, which the runtime's refers to.
 JOB_PYTHONPATH = "KUBETRAIN_JOB_PYTHONPATH"
@@ -224,7 +224,7 @@ def injects_runtime(job: TrainingJob, settings: RenderSettings) -> bool:
 
 
 def _runtime(job: TrainingJob, container: dict[str, Any], pod_spec: dict[str, Any], settings: RenderSettings) -> None:
-    """kubetrain's runtime for an image that may lack it (kubetrain.trainer.runtime_bundle): an init
+    """kubetrain's runtime for an image that may lack it (kubetrain.runtime.bundle): an init
     container of the operator image copies it into an emptyDir, and PYTHONPATH starts with its
     loader, which uses the image's own kubetrain where there is one. The job's own PYTHONPATH
     follows it; the image's (its ENV) is replaced, as any container env replaces it (docs/images.md)."""

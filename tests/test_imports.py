@@ -93,6 +93,7 @@ PACKAGES = {
     "api": "kubetrain.api",
     "operator": "kubetrain.operator",
     "local": "kubetrain.local",
+    "runtime": "kubetrain.runtime",
     "trainer": "kubetrain.trainer",
     "cli": "kubetrain.cli",
     "client": "kubetrain.client",
@@ -100,21 +101,25 @@ PACKAGES = {
 
 
 def _sources() -> dict[str, Path]:
-    return {
-        (package if path.stem == "__init__" else f"{package}.{path.stem}"): path
-        for folder, package in PACKAGES.items()
-        for path in (ROOT / folder).glob("*.py")
-    }
+    """Every module of the product, those of subpackages (runtime/agent/...) included."""
+    sources = {}
+    for folder, package in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            if "site" not in parts:  # runtime/site/: a sitecustomize, loaded as a file
+                sources[".".join((package, *parts))] = path
+    return sources
 
 
 def _module_imports() -> dict[str, set[str]]:
-    """kubetrain module -> the kubetrain modules it imports at module level (not inside functions:
-    those are the CLI's lazy imports, which cannot form an import-time cycle)."""
+    """kubetrain module -> the kubetrain modules it imports, at module level and inside functions
+    alike: a lazy import hides a circle from the interpreter, not from a reader."""
     sources = _sources()
     graph: dict[str, set[str]] = {}
     for name, path in sources.items():
         targets: set[str] = set()
-        for node in ast.parse(path.read_text()).body:
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kubetrain"):
                 # `from kubetrain.api import naming` imports the module kubetrain.api.naming.
                 targets |= {
@@ -159,14 +164,32 @@ def test_no_import_cycles_between_modules_or_packages() -> None:
         packages.setdefault(own, set()).update(".".join(t.split(".")[:2]) for t in targets)
         packages[own].discard(own)
     assert cycle_from(packages) is None, f"package cycle: {' -> '.join(cycle_from(packages) or [])}"
-    # The direction the README's code map states.
+    # The floors the README's code map states: api -> runtime -> trainer -> local -> client -> cli,
+    # the operator beside the runtime (on api), read by local for its gang decision.
     assert packages["kubetrain.api"] == set(), packages["kubetrain.api"]
-    assert packages["kubetrain.trainer"] <= {"kubetrain.api"}
+    assert packages["kubetrain.runtime"] <= {"kubetrain.api"}
+    assert packages["kubetrain.trainer"] <= {"kubetrain.api", "kubetrain.runtime"}
     assert packages["kubetrain.operator"] <= {"kubetrain.api"}
-    assert packages["kubetrain.local"] <= {"kubetrain.api", "kubetrain.operator"}
-    assert packages["kubetrain.client"] <= {"kubetrain.api", "kubetrain.local"}
-    # The CLI imports the client inside its commands only, so nothing imports it at module level.
-    assert not [name for name, targets in packages.items() if "kubetrain.client" in targets], packages
+    assert packages["kubetrain.local"] <= {"kubetrain.api", "kubetrain.operator", "kubetrain.runtime"}
+    assert packages["kubetrain.client"] <= {"kubetrain.api", "kubetrain.local", "kubetrain.runtime"}
+    assert not [name for name, targets in packages.items() if "kubetrain.cli" in targets], packages
+
+
+def test_the_runtime_needs_only_the_standard_library_torch_and_the_apis_plain_modules() -> None:
+    """What runs beside user code runs in images without kubetrain's dependencies: no pydantic, no
+    trainer (tests/trainer/test_runtime_bundle.py checks the whole closure it copies)."""
+    sources = _sources()
+    runtime = {name: path for name, path in sources.items() if name.startswith("kubetrain.runtime")}
+    assert len(runtime) > 15, runtime
+    found = [
+        (name, imported)
+        for name, path in runtime.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for imported in ([node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names])
+        if imported.split(".")[0] == "pydantic" or imported.startswith(("kubetrain.trainer", "kubetrain.operator"))
+    ]
+    assert found == []
 
 
 def test_the_client_never_imports_the_cli() -> None:

@@ -5,7 +5,7 @@ else from the KUBETRAIN_CONFIG env var the operator renders. Exit status 0 on su
 on any failure, 2 on a usage error; the error is logged on every rank that saw it.
 
 On SIGTERM or SIGINT every rank stops at one optimizer-step boundary, rank 0 checkpoints that
-step, and every rank exits with 143 (kubetrain.trainer.stopping): a deleted, evicted, drained,
+step, and every rank exits with 143 (kubetrain.runtime.worker.stopping): a deleted, evicted, drained,
 preempted or suspended pod loses no step.
 
 The process ends with `os._exit` once the outcome is known and its output flushed: after
@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from kubetrain.api.training import TrainConfig
+from kubetrain.runtime.ending import leave
 from kubetrain.trainer import faults
-from kubetrain.trainer.ending import leave
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,11 +47,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kubetrain trainer: invalid configuration: {exc}", file=sys.stderr)
         return 2
     # Import torch only now: `--help` and config errors stay fast.
-    from kubetrain.trainer import dist as kdist
+    from kubetrain.runtime.worker import dist as kdist
+    from kubetrain.runtime.worker.metrics import MetricsLogger, configure_logging, log
+    from kubetrain.runtime.worker.stopping import EXIT_STOPPED, Stopped
     from kubetrain.trainer.checkpoint import CheckpointError
-    from kubetrain.trainer.metrics import MetricsLogger, configure_logging, log
     from kubetrain.trainer.preflight import PreflightError, run_preflight
-    from kubetrain.trainer.stopping import EXIT_STOPPED, Stopped
     from kubetrain.trainer.train import train
 
     # Only for the log prefix: a malformed RANK is reported by setup() as a contract error.

@@ -4,7 +4,7 @@ Layout of `<dir>`:
 
     step-120/state.pt    torch.save of {"state": ..., "ranks": [per-rank RNG + loader state]}
     step-120/meta.json   written last; a step-N/ without it is incomplete and ignored
-    metrics.jsonl        rank 0's metrics records (trainer/metrics.py)
+    metrics.jsonl        rank 0's metrics records (runtime/worker/metrics.py)
 
 A save writes `state.pt` into `.tmp-step-N-<pid>/`, fsyncs it, renames the folder to
 `step-N/` (fsyncing the parent), then writes `meta.json` through its own temporary name and
@@ -43,7 +43,7 @@ from kubetrain.api.contract import DEFAULT_GRACE_SECONDS, SHUTDOWN_TIMEOUT_ENV, 
 from kubetrain.api.training import ObjectStoreConfig
 
 if TYPE_CHECKING:
-    from kubetrain.trainer.metrics import MetricsLogger
+    from kubetrain.runtime.worker.metrics import MetricsLogger
     from kubetrain.trainer.objectstore import Entry, ObjectStore, Uploader
 
 STATE_FILE = "state.pt"
@@ -110,7 +110,7 @@ def write_checkpoint(
 ) -> Path:
     """Write `step-<step>/` atomically (see the module docstring) and return its path. Without
     `durable` nothing is fsynced (a staged copy, made durable by its upload). With `writer` (a
-    survivor's save, kubetrain.trainer.survivor), other processes may write the same step at the
+    survivor's save, kubetrain.runtime.worker.survivor), other processes may write the same step at the
     same time: the first rename wins, and a `step-<step>/` already there is kept, not replaced."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -232,7 +232,7 @@ class Checkpointer:
     state must say where the run is in a way that holds at any size: kubetrain.trainer.cursor);
     the ranks it had no RNG state of keep their own. Without it such a resume is refused.
 
-    `save_alone` is the save of a rank whose peers are gone (kubetrain.trainer.survivor): no
+    `save_alone` is the save of a rank whose peers are gone (kubetrain.runtime.worker.survivor): no
     collective, and only its own RNG state.
 
     With `object_store` the checkpoints are committed to it (the module docstring); `job` and
@@ -338,7 +338,7 @@ class Checkpointer:
             ranks = [None] * self.world_size if self.rank == 0 else []
             dist.gather_object(mine, ranks if self.rank == 0 else None, dst=0)
         # Only once the gather went through: a peer lost during it leaves the step unsaved, and
-        # the survivor's save (kubetrain.trainer.survivor) must not take it for saved.
+        # the survivor's save (kubetrain.runtime.worker.survivor) must not take it for saved.
         saved_before = self.last_step
         self.last_step, self._last_time = step, time.monotonic()
         if self.rank != 0:
@@ -564,6 +564,6 @@ def _int(value: Any) -> int:
 
 
 def _warn(message: str) -> None:
-    from kubetrain.trainer.metrics import log
+    from kubetrain.runtime.worker.metrics import log
 
     log.warning("%s", message)

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 
 from kubetrain.api.training import TrainingSpec
-from kubetrain.trainer.stopping import loader_worker_init
+from kubetrain.runtime.worker.stopping import loader_worker_init
 
 NUM_CLASSES = 10
 

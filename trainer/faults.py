@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from kubetrain.api.contract import FAULT_ENV as ENV
-from kubetrain.trainer import ending
+from kubetrain.runtime import ending
 
 Kind = Literal["exit", "kill", "raise", "hang", "slow"]
 KINDS: tuple[str, ...] = get_args(Kind)

@@ -21,11 +21,11 @@
 staged in it; `default` outside a job) and logs the `checkpoint` records itself, once each is
 committed. `lib.Checkpointer(directory, ..., object_store="s3://bucket/prefix")` is the same by hand.
 
-with `stop = lib.StopSignal(ctx)` made once, on every rank, before the loop (kubetrain.trainer.stopping).
+with `stop = lib.StopSignal(ctx)` made once, on every rank, before the loop (kubetrain.runtime.worker.stopping).
 A DataLoader of your own with `num_workers > 0` needs `worker_init_fn=lib.loader_worker_init`
 (`lib.sharded_loader` has it): else the stop signal kills its workers before the rank can save.
 `watchdog = lib.HangWatchdog(ctx.local_rank)` and `watchdog.beat()` once per step give a Stalled
-restart every rank's stacks to name the rank that hung (kubetrain.trainer.watchdog).
+restart every rank's stacks to name the rank that hung (kubetrain.runtime.worker.watchdog).
 
 A training that keeps its global batch at any world size, resumes a checkpoint at another one,
 and loses no step when a peer dies (the built-in trainer's data contract, kubetrain.trainer.cursor):
@@ -61,16 +61,16 @@ from typing import Any
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kubetrain.api.training import CONFIG_ENV, ObjectStoreConfig, TrainConfig
+from kubetrain.runtime.worker.dist import ContractError, DistContext, barrier, distributed, finish, setup, teardown
+from kubetrain.runtime.worker.dist import current as context
+from kubetrain.runtime.worker.metrics import MetricsLogger, configure_logging
+from kubetrain.runtime.worker.stopping import EXIT_STOPPED, StopSignal, loader_worker_init
+from kubetrain.runtime.worker.survivor import Survivor
+from kubetrain.runtime.worker.watchdog import HangWatchdog
 from kubetrain.trainer.checkpoint import Checkpointer, CheckpointError, latest_checkpoint
 from kubetrain.trainer.cursor import CursorLoader, GlobalBatches, Step
 from kubetrain.trainer.data import ShardedLoader, eval_loader, sharded_loader
-from kubetrain.trainer.dist import ContractError, DistContext, barrier, distributed, finish, setup, teardown
-from kubetrain.trainer.dist import current as context
-from kubetrain.trainer.metrics import MetricsLogger, configure_logging
-from kubetrain.trainer.stopping import EXIT_STOPPED, StopSignal, loader_worker_init
-from kubetrain.trainer.survivor import Survivor
 from kubetrain.trainer.train import accumulate_gradients, evaluate
-from kubetrain.trainer.watchdog import HangWatchdog
 
 __all__ = [
     "DDP",

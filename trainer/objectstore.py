@@ -23,7 +23,7 @@ The rules:
   again once another job took the store from it. A new job on the same location takes it over
   (its checkpoints resume like a volume's do, fingerprint permitting): the job it took the store
   from fails at once at its next commit (CheckpointStoreTakenOver), instead of taking it back.
-- One commit per step and attempt: survivors that save the same step (kubetrain.trainer.survivor)
+- One commit per step and attempt: survivors that save the same step (kubetrain.runtime.worker.survivor)
   upload to keys of their own, the first commit wins, the others remove their bytes; an upload
   that lands after a newer step of its attempt was committed is not committed at all.
 - A refused writer logs it, leaves a `refused/` note that the holder's rank 0 reports (the

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kubetrain.trainer.dist import DistContext
+from kubetrain.runtime.worker.dist import DistContext
 
 # all_reduce sizes for the bandwidth probe (bytes of float32).
 BANDWIDTH_SIZES = (64 * 1024, 1024 * 1024, 16 * 1024 * 1024)

@@ -3,7 +3,7 @@
 Each step trains the next global batch of the epoch's seeded order (kubetrain.trainer.cursor):
 where the run is, is (epoch, cursor), and with `globalBatchSize` a checkpoint resumes at any
 world size. Dropout draws from a stream seeded by (seed, step, rank) at every step, so a resume
-needs no RNG state, and a survivor can save alone when a peer dies (kubetrain.trainer.survivor).
+needs no RNG state, and a survivor can save alone when a peer dies (kubetrain.runtime.worker.survivor).
 
 Per-step cost over a hand-written DDP loop is kept to nothing measurable: the loss stays on
 the device and is summed across ranks only on log steps (one all_reduce that also carries
@@ -26,17 +26,17 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from kubetrain.api.training import TrainConfig, TrainingSpec
-from kubetrain.trainer import survivor
+from kubetrain.runtime.worker import survivor
+from kubetrain.runtime.worker.dist import DistContext
+from kubetrain.runtime.worker.metrics import MetricsLogger, log
+from kubetrain.runtime.worker.stopping import Stopped, StopSignal, loader_worker_init
+from kubetrain.runtime.worker.watchdog import HangWatchdog
 from kubetrain.trainer.checkpoint import Checkpointer, CheckpointError
 from kubetrain.trainer.cursor import CursorLoader, Step
 from kubetrain.trainer.data import eval_loader, load_splits
-from kubetrain.trainer.dist import DistContext
 from kubetrain.trainer.faults import FaultPoint
 from kubetrain.trainer.ledger import Indexed, SampleLedger
-from kubetrain.trainer.metrics import MetricsLogger, log
 from kubetrain.trainer.model import build_model
-from kubetrain.trainer.stopping import Stopped, StopSignal, loader_worker_init
-from kubetrain.trainer.watchdog import HangWatchdog
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -1,6 +1,6 @@
 """A Hugging Face `Trainer` script as its users write it (tests/support/workloads/hf_gpt2.py: a tiny
 GPT-2, `Trainer`, a resume from `get_last_checkpoint`), importing nothing of kubetrain, through
-`kubetrain run --local` on 2 nodes: kubetrain's adapter (kubetrain.trainer.hf_adapter) gives it
+`kubetrain run --local` on 2 nodes: kubetrain's adapter (kubetrain.runtime.guest.hf_adapter) gives it
 progress, its checkpoints and the zero-loss stop on Ctrl-C."""
 
 from __future__ import annotations

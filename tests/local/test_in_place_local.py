@@ -15,7 +15,7 @@ pytestmark = pytest.mark.train
 
 # 3 epochs of 22 steps, saved at each epoch end only (no periodic saves); node 1's worker is
 # SIGKILLed after step 30. Node 0's worker, whose next collective fails, saves step 30 alone (the
-# survivor's save, kubetrain.trainer.survivor), so the gang resumes there: no step lost, where
+# survivor's save, kubetrain.runtime.worker.survivor), so the gang resumes there: no step lost, where
 # the last save before the death was step 22's.
 JOB = {"epochs": 3, "logEverySteps": 5}
 FAULT = "kill,rank=1,step=30"

@@ -1,7 +1,7 @@
 """A Lightning script as its users write it (tests/support/workloads/lightning_train.py: DDP on 2
 nodes, ModelCheckpoint, a resume from last.ckpt), unchanged, through `kubetrain run --local`: its
 progress and checkpoints reach the status, and Ctrl-C stops every node in seconds at one step that
-Lightning saved, which a rerun resumes (kubetrain.trainer.lightning_adapter)."""
+Lightning saved, which a rerun resumes (kubetrain.runtime.guest.lightning_adapter)."""
 
 from __future__ import annotations
 

@@ -412,7 +412,7 @@ def test_a_refused_checkpoint_is_one_warning_event_however_often_rank_0s_log_is_
 
 def test_a_runtime_fallback_is_kept_in_status_and_is_one_warning_event() -> None:
     """node 0's torchrun agent, on a torch without a private name the in-place restart needs,
-    prints a `fallback` record (kubetrain.trainer.torch_private) beside rank 0's records; the
+    prints a `fallback` record (kubetrain.runtime.torch_private) beside rank 0's records; the
     operator keeps one entry per feature in status.runtimeFallbacks and posts it once."""
     controller, kube = make()
     controller.jobs[KEY].body["status"] = {"attempt": 0, "replicas": {"active": 2, "ready": 2}}

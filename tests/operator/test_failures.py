@@ -157,9 +157,10 @@ def test_completed_needs_done_and_the_final_checkpoint(lines: list[str], complet
 
 SHIPPED = "/kubetrain/function/function.py"
 # A function's failure as the torchrun agent's `failure` record reports it (an in-place restart).
+UNREACHABLE = "kubetrain.runtime.worker.dist.MasterUnreachableError"
 AGENT_RECORD = f"""worker rank 1 (local rank 0, pid 16462) exited with code 1: ValueError: bad lr
 Traceback (most recent call last):
-  File "/usr/lib/python3/site-packages/kubetrain/trainer/function.py", line 102, in main
+  File "/usr/lib/python3/site-packages/kubetrain/runtime/guest/function.py", line 102, in main
     fn(*call.args, **call.kwargs)
   File "{SHIPPED}", line 5, in train
     raise ValueError(message)
@@ -170,7 +171,7 @@ SUMMARY = f"""  File "/usr/lib/python3/site-packages/torch/distributed/launcher/
     raise ChildFailedError(
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
-kubetrain.trainer.function FAILED
+kubetrain.runtime.guest.function FAILED
 ------------------------------------------------------------
 Root Cause (first observed failure):
 [0]:
@@ -180,7 +181,7 @@ Root Cause (first observed failure):
   exitcode  : 1 (pid: 16837)
   error_file: /tmp/torchelastic_xyizedgu/none_hngty63a/attempt_0/0/error.json
   traceback : Traceback (most recent call last):
-    File "/usr/lib/python3/site-packages/kubetrain/trainer/function.py", line 102, in main
+    File "/usr/lib/python3/site-packages/kubetrain/runtime/guest/function.py", line 102, in main
       fn(*call.args, **call.kwargs)
     File "{SHIPPED}", line 5, in train
       raise ValueError(message)
@@ -256,8 +257,12 @@ def attempt_failed(attempt: int, message: str, rank: int = 0) -> Failure:
         ),
         (attempt_failed(0, UNRECORDED), attempt_failed(1, UNRECORDED), None),
         (
-            attempt_failed(0, AGENT_RECORD.replace("ValueError", "kubetrain.trainer.dist.MasterUnreachableError")),
-            attempt_failed(1, AGENT_RECORD.replace("ValueError", "kubetrain.trainer.dist.MasterUnreachableError")),
+            attempt_failed(
+                0, AGENT_RECORD.replace("ValueError", "kubetrain.runtime.worker.dist.MasterUnreachableError")
+            ),
+            attempt_failed(
+                1, AGENT_RECORD.replace("ValueError", "kubetrain.runtime.worker.dist.MasterUnreachableError")
+            ),
             None,
         ),
         # No traceback: nothing to compare (an OOM kill, a deleted pod).

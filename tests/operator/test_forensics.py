@@ -73,8 +73,8 @@ def test_parse_keeps_the_last_complete_dump_of_each_timeout() -> None:
 # call stack: its frames end in the fork, then torchrun's own.
 FORKED = [
     (f"{STDLIB}/runpy.py", 88, "_run_code"),
-    ("/venv/lib/python3.11/site-packages/kubetrain/trainer/warmstart.py", 170, "_become_worker"),
-    ("/venv/lib/python3.11/site-packages/kubetrain/trainer/warmstart.py", 125, "fork"),
+    ("/venv/lib/python3.11/site-packages/kubetrain/runtime/agent/warmstart.py", 170, "_become_worker"),
+    ("/venv/lib/python3.11/site-packages/kubetrain/runtime/agent/warmstart.py", 125, "fork"),
     (f"{TORCH}/distributed/elastic/multiprocessing/subprocess_handler/subprocess_handler.py", 58, "__init__"),
     (f"{TORCH}/distributed/run.py", 1138, "main"),
 ]

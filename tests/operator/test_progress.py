@@ -257,7 +257,7 @@ def test_a_skipped_commit_is_remembered_newest_first_warned_once_and_moves_no_pr
     assert refusal_events(folded, fold_status(folded, skipped(T, 40))) == [], "warned once"
 
 
-# --- a torchrun agent's runtime fallback (kubetrain.trainer.torch_private) ------------------
+# --- a torchrun agent's runtime fallback (kubetrain.runtime.torch_private) ------------------
 
 
 def test_runtime_fallbacks_are_kept_once_per_feature_and_move_no_progress() -> None:

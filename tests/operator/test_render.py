@@ -236,7 +236,7 @@ def test_pod_shape() -> None:
         "name": "kubetrain-runtime",
         "image": RenderSettings().runtime_image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-m", "kubetrain.trainer.runtime_bundle", "/kubetrain-runtime"],
+        "command": ["python", "-m", "kubetrain.runtime.bundle", "/kubetrain-runtime"],
         "volumeMounts": [{"name": "kubetrain-runtime", "mountPath": "/kubetrain-runtime"}],
         # The trainer's cpu and memory, not its GPUs: the pod's requests stay the job's own.
         "resources": {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},

@@ -24,7 +24,17 @@ OPERATOR_REF = "docker.io/kubetrain/operator:0.1.0"
 TRAINER_REF = "docker.io/kubetrain/trainer:0.1.0-cpu"
 GUEST_REF = "docker.io/kubetrain/guest:0.1.0-cpu"
 # What the script reads: the Dockerfile's build context, the script and the guest's recipe.
-BUILD_INPUTS = ["Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "api", "operator", "local", "trainer"]
+BUILD_INPUTS = [
+    "Dockerfile",
+    ".dockerignore",
+    "pyproject.toml",
+    "README.md",
+    "api",
+    "operator",
+    "local",
+    "runtime",
+    "trainer",
+]
 BUILD_INPUTS += ["cli", "client", "examples", "tests/cluster/build-images.sh", "tests/cluster/guest.Dockerfile"]
 BUILD_INPUTS += ["tests/support/ocilayout.py"]
 # The script's last lines, in this order.

@@ -1,4 +1,4 @@
-"""The parts of a c10d store the torchrun agent uses (trainer/agent.py), in memory."""
+"""The parts of a c10d store the torchrun agent uses (runtime/agent/inplace.py), in memory."""
 
 from __future__ import annotations
 

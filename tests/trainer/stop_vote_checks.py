@@ -15,9 +15,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kubetrain.trainer import dist as kdist
-from kubetrain.trainer import stopping
-from kubetrain.trainer.stopping import StopSignal
+from kubetrain.runtime.worker import dist as kdist
+from kubetrain.runtime.worker import stopping
+from kubetrain.runtime.worker.stopping import StopSignal
 
 STEPS = 200
 

@@ -23,8 +23,10 @@ import pytest
 from support.stores import Store
 
 from kubetrain.api.contract import order_signature
-from kubetrain.trainer import agent, reach, survivor, warmstart
-from kubetrain.trainer.agent import AgentPort, InPlace, error_text, read_attempt
+from kubetrain.runtime import reach
+from kubetrain.runtime.agent import inplace, warmstart
+from kubetrain.runtime.agent.inplace import AgentPort, InPlace, error_text, read_attempt
+from kubetrain.runtime.worker import survivor
 
 pytestmark = pytest.mark.unit
 PY = sys.executable
@@ -88,7 +90,7 @@ def test_a_fork_of_an_agent_that_asked_cuda_runs_cold_where_there_are_gpus(
         textwrap.dedent(
             f"""
             import os, sys, torch
-            from kubetrain.trainer import warmstart
+            from kubetrain.runtime.agent import warmstart
             torch._C._cuda_getDeviceCount()  # the question torchrun's launch config asks
             warmstart._gpus = lambda: {gpus}  # what the agent sees (this machine may have no GPU)
             forked = warmstart.fork([sys.executable, "-u", {str(worker)!r}], dict(os.environ))
@@ -126,7 +128,7 @@ def test_a_forked_worker_dies_with_its_agent(tmp_path: Path) -> None:
         textwrap.dedent(
             f"""
             import os, sys, time
-            from kubetrain.trainer import warmstart
+            from kubetrain.runtime.agent import warmstart
             forked = warmstart.fork([sys.executable, "-u", {str(worker)!r}], dict(os.environ))
             print(forked.pid, flush=True)
             time.sleep(3600)
@@ -360,14 +362,14 @@ def test_a_worker_that_lost_its_peer_is_blamed_only_when_nobody_else_failed(
 )
 def test_which_errors_say_a_peer_went_away(message: Any, lost: bool) -> None:
     """A timeout is not one: the peer that never answered may be hung, not dead."""
-    assert agent.peer_lost(message) is lost
+    assert inplace.peer_lost(message) is lost
 
 
 def test_a_report_does_not_wait_for_an_agent_that_never_registers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KUBETRAIN_ATTEMPT_FILE", str(tmp_path / "attempt"))
-    monkeypatch.setattr(agent, "CONSOLIDATE_S", 0.2)
+    monkeypatch.setattr(inplace, "CONSOLIDATE_S", 0.2)
     store = Store()
     one = InPlace()
     one._register(Group(store, 0, 2), Result({0: Failure(0, 2, time.time())}))
@@ -439,7 +441,7 @@ def test_a_holding_agent_says_how_long_it_has_waited(
     path = tmp_path / "attempt"
     path.write_text("0")
     monkeypatch.setenv("KUBETRAIN_ATTEMPT_FILE", str(path))
-    monkeypatch.setattr(agent, "HOLD_REPORT_S", 0.1)
+    monkeypatch.setattr(inplace, "HOLD_REPORT_S", 0.1)
     one = InPlace()
 
     class NameTheNextOnceReported(logging.Handler):
@@ -497,7 +499,7 @@ def test_a_node_waits_for_node0_at_a_fixed_interval_before_torch_connects(monkey
 
     module = types.ModuleType("static_tcp_rendezvous")
     module.StaticTCPRendezvous = StaticTCPRendezvous  # type: ignore[attr-defined]
-    agent.patch_static_rendezvous(module)
+    inplace.patch_static_rendezvous(module)
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 
@@ -564,11 +566,11 @@ def test_an_agent_waits_for_armed_workers_to_save_and_exit_but_not_for_others(
     group.workers = [Worker(saver.pid)]  # type: ignore[attr-defined]
     agent.exits.watch([saver.pid])
     started = time.monotonic()
-    agent._await_survivors(group)
+    inplace._await_survivors(group)
     assert saver.poll() is None, "not armed: no wait (the worker still runs)"
     store.set(survivor.key(0, survivor.ARMED_KEY), "1")
     threading.Timer(0.2, saver.stdin.close).start()  # it saved, and exits
-    agent._await_survivors(group)
+    inplace._await_survivors(group)
     assert saver.pid in agent.exits.times, "armed: until the worker exited"
     assert time.monotonic() - started < 60, "not the whole grace"
     assert saver.wait(30) == 0
@@ -579,7 +581,7 @@ def test_an_agent_waits_for_armed_workers_to_save_and_exit_but_not_for_others(
         monkeypatch.setenv(survivor.GRACE_ENV, "0.3")
         started = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="kubetrain.agent"):
-            agent._await_survivors(group)
+            inplace._await_survivors(group)
         # The agent's own verdict, not a clock: the grace ran out with the worker still running.
         assert stuck.poll() is None and "killing them" in caplog.text, "a worker that does not exit waits the grace"
         assert time.monotonic() - started < 60, "no more than the grace"

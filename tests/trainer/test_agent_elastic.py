@@ -1,4 +1,4 @@
-"""An elastic gang's side of the torchrun agent (trainer/agent.py), without torchrun: the members
+"""An elastic gang's side of the torchrun agent (runtime/agent/inplace.py), without torchrun: the members
 of each attempt from the operator's signed orders, the members file and the relay through the
 store; a node on standby until an attempt names it; and its rank and size in the attempt's
 rendezvous."""
@@ -16,8 +16,8 @@ import pytest
 from support.stores import Store
 
 from kubetrain.api.contract import ATTEMPT_ENV, format_members, order_signature, parse_members
-from kubetrain.trainer import agent
-from kubetrain.trainer.agent import InPlace
+from kubetrain.runtime.agent import inplace
+from kubetrain.runtime.agent.inplace import InPlace
 
 pytestmark = pytest.mark.unit
 
@@ -106,7 +106,7 @@ def test_a_node_on_standby_preloads_its_workers_modules_before_it_turns_ready(
     one = _agent(tmp_path, monkeypatch, 1, 2, [0, 2])
     one.group = SimpleNamespace(spec=SimpleNamespace(entrypoint="python3", args=("-m", "kubetrain.trainer")))
     preloads: list[tuple[list[str], bool]] = []
-    monkeypatch.setattr(agent.warmstart, "preload", lambda args: preloads.append((args, one.port.ready)) or 0.0)
+    monkeypatch.setattr(inplace.warmstart, "preload", lambda args: preloads.append((args, one.port.ready)) or 0.0)
     joined = threading.Thread(target=one.join, args=(_rendezvous(1),), daemon=True)
     joined.start()
     deadline = time.monotonic() + 30
@@ -116,7 +116,7 @@ def test_a_node_on_standby_preloads_its_workers_modules_before_it_turns_ready(
     (tmp_path / "node-1" / "members").write_text(format_members(3, [0, 1, 2]))
     (tmp_path / "node-1" / "attempt").write_text("3")
     joined.join(timeout=30)
-    monkeypatch.setattr(agent.torch_private, "set_remaining_restarts", lambda *args: None)
+    monkeypatch.setattr(inplace.torch_private, "set_remaining_restarts", lambda *args: None)
     monkeypatch.setenv(ATTEMPT_ENV, "3")  # before_start sets it: restored after the test, not leaked
     one.before_start(SimpleNamespace(), SimpleNamespace(spec=SimpleNamespace(max_restarts=3, **vars(one.group.spec))))
     assert len(preloads) == 1, "not again at the first start"
@@ -145,7 +145,7 @@ def test_the_relay_carries_the_members(tmp_path: Path, monkeypatch: pytest.Monke
 def test_a_signed_order_with_members_is_taken_and_a_tampered_one_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    port = agent.AgentPort(None, "", "s3cret")
+    port = inplace.AgentPort(None, "", "s3cret")
     good = {"attempt": 3, "members": [0, 2], "signature": order_signature("s3cret", 3, [0, 2])}
     assert port.order(json.dumps(good).encode())[0] == 202
     assert (port.ordered, port.members) == (3, {3: [0, 2]})
@@ -163,7 +163,7 @@ def test_the_order_body_reaches_the_agent_port(tmp_path: Path, monkeypatch: pyte
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         free = probe.getsockname()[1]
-    port = agent.AgentPort(free, "127.0.0.1", "s3cret")
+    port = inplace.AgentPort(free, "127.0.0.1", "s3cret")
     port.open()
     try:
         assert port.server is not None

@@ -1,4 +1,4 @@
-"""kubetrain.trainer.attempt_store: a script's env:// init_process_group in an attempt restarted
+"""kubetrain.runtime.guest.attempt_store: a script's env:// init_process_group in an attempt restarted
 in place gets the agent's store under its attempt's prefix (end to end: the plain script of
 tests/local/test_hang_forensics.py, restarted in place after its stall)."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
-from kubetrain.trainer import attempt_store
+from kubetrain.runtime.guest import attempt_store
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +33,7 @@ RESTARTED = {
         (("gloo",), {}, {"TORCHELASTIC_USE_AGENT_STORE": "False"}, False),  # not the agent's store
         (("gloo", "tcp://10.0.0.1:23456"), {}, {}, False),  # the script names its own rendezvous
         (("gloo",), {"init_method": "file:///tmp/x"}, {}, False),
-        (("gloo",), {"store": object()}, {}, False),  # kubetrain.trainer.dist, or a script's store
+        (("gloo",), {"store": object()}, {}, False),  # kubetrain.runtime.worker.dist, or a script's store
         (("gloo",), {}, {"MASTER_PORT": ""}, False),
     ],
 )

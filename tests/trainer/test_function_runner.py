@@ -1,4 +1,4 @@
-"""The runner of shipped functions (`python -m kubetrain.trainer.function DIR`), fed by
+"""The runner of shipped functions (`python -m kubetrain.runtime.guest.function DIR`), fed by
 kubetrain.client.ship as train() feeds it, run here as a world of one (without torchrun the env
 contract is a single process on loopback). The 2-node runs are the client's tests."""
 
@@ -24,7 +24,7 @@ from kubetrain.api.records import metrics_in
 from kubetrain.api.training import TrainConfig
 from kubetrain.client.ship import ship
 from kubetrain.client.spec import function_files
-from kubetrain.trainer.function import job_set_up
+from kubetrain.runtime.guest.function import job_set_up
 
 pytestmark = pytest.mark.unit
 
@@ -139,7 +139,7 @@ def test_the_runners_reader_takes_exactly_what_the_clients_model_does(call: dict
 
 def test_the_runners_set_up_defaults_are_the_trainers() -> None:
     """What job_set_up leaves out keeps set_up_on_first_use's defaults: TrainConfig's."""
-    from kubetrain.trainer import dist
+    from kubetrain.runtime.worker import dist
 
     defaults = {
         name: parameter.default

@@ -1,4 +1,4 @@
-"""kubetrain.trainer.guest_records: the records written from inside a user's process."""
+"""kubetrain.runtime.guest.guest_records: the records written from inside a user's process."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kubetrain.api import contract, records
-from kubetrain.trainer import guest_records
+from kubetrain.runtime.guest import guest_records
 
 pytestmark = pytest.mark.unit
 
@@ -29,7 +29,7 @@ def test_a_record_goes_to_the_stream_and_the_metrics_file(tmp_path: Path, monkey
 
 
 def test_importing_it_imports_no_pydantic() -> None:
-    code = "import sys, kubetrain.trainer.guest_records; print('pydantic' in sys.modules)"
+    code = "import sys, kubetrain.runtime.guest.guest_records; print('pydantic' in sys.modules)"
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
         == "False"

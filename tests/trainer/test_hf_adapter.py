@@ -1,4 +1,4 @@
-"""kubetrain.trainer.hf_adapter: the callback a Hugging Face Trainer gets under torchrun, its records
+"""kubetrain.runtime.guest.hf_adapter: the callback a Hugging Face Trainer gets under torchrun, its records
 folded as the operator folds them, its stop, and how the torchrun hooks install it (the end-to-end
 case, a GPT-2 script Ctrl-C'd under `kubetrain run --local`, is tests/local/test_hf_trainer.py)."""
 
@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from kubetrain.api import contract, records
-from kubetrain.trainer import hf_adapter, stopping
-from kubetrain.trainer.hf_adapter import Adapter, from_logs
+from kubetrain.runtime.guest import hf_adapter
+from kubetrain.runtime.guest.hf_adapter import Adapter, from_logs
+from kubetrain.runtime.worker import stopping
 
 pytestmark = pytest.mark.unit
 
@@ -44,7 +45,7 @@ def test_the_adapter_imports_only_the_standard_library() -> None:
             """
             import json, sys
             before = set(sys.modules)
-            import kubetrain.trainer.hf_adapter
+            import kubetrain.runtime.guest.hf_adapter
             print(json.dumps(sorted(set(sys.modules) - before)))
             """
         )
@@ -52,14 +53,14 @@ def test_the_adapter_imports_only_the_standard_library() -> None:
     heavy = [m for m in new if m.split(".")[0] in ("pydantic", "torch", "transformers", "yaml")]
     plain_api = {"kubetrain.api", "kubetrain.api.contract", "kubetrain.api.record_format"}
     assert heavy == [] and {m for m in new if m.startswith("kubetrain.api")} <= plain_api
-    assert "kubetrain.trainer.hf_adapter" in new
+    assert "kubetrain.runtime.guest.hf_adapter" in new
 
 
 HOOKED = """
     import json, sys
-    import kubetrain.trainer.torchrun_hooks
+    import kubetrain.runtime.torchrun_hooks
     import transformers
-    imported_early = "kubetrain.trainer.hf_adapter" in sys.modules
+    imported_early = "kubetrain.runtime.guest.hf_adapter" in sys.modules
     from transformers import Trainer, TrainingArguments
     import transformers.trainer as module
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -67,7 +68,7 @@ HOOKED = """
     trainer = Trainer(model=model, args=TrainingArguments(output_dir="{out}", use_cpu=True, report_to=[]))
     print(json.dumps({{
         "early": imported_early,
-        "adapter": "kubetrain.trainer.hf_adapter" in sys.modules,
+        "adapter": "kubetrain.runtime.guest.hf_adapter" in sys.modules,
         "defaults": [c.__name__ for c in module.DEFAULT_CALLBACKS],
         "callbacks": [type(c).__name__ for c in trainer.callback_handler.callbacks],
     }}))

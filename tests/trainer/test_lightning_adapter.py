@@ -1,4 +1,4 @@
-"""kubetrain.trainer.lightning_adapter: its records fold into status.progress, its stop saves the step
+"""kubetrain.runtime.guest.lightning_adapter: its records fold into status.progress, its stop saves the step
 it stopped at as Lightning's last.ckpt, and the torchrun hook adds its callback to the Trainers of
 torchrun workers only (the end-to-end runs are tests/local/test_lightning.py)."""
 
@@ -19,9 +19,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from kubetrain.api.records import fold, records_in
-from kubetrain.trainer import lightning_adapter
-from kubetrain.trainer.lightning_adapter import RECORD_EVERY_S, Adapter, with_callback
-from kubetrain.trainer.stopping import EXIT_STOPPED
+from kubetrain.runtime.guest import lightning_adapter
+from kubetrain.runtime.guest.lightning_adapter import RECORD_EVERY_S, Adapter, with_callback
+from kubetrain.runtime.worker.stopping import EXIT_STOPPED
 
 pytestmark = pytest.mark.unit
 
@@ -184,7 +184,7 @@ def test_the_callback_joins_the_users_callbacks_in_any_form_lightning_takes(give
 
 HOOK_PROBE = """
 import json, os, sys
-import kubetrain.trainer.torchrun_hooks
+import kubetrain.runtime.torchrun_hooks
 import lightning.pytorch
 import pytorch_lightning
 
@@ -192,7 +192,7 @@ def callbacks(package):
     trainer = package.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
     return [type(callback).__name__ for callback in trainer.callbacks]
 
-found = {"imported": "kubetrain.trainer.lightning_adapter" in sys.modules, "agent": callbacks(lightning.pytorch)}
+found = {"imported": "kubetrain.runtime.guest.lightning_adapter" in sys.modules, "agent": callbacks(lightning.pytorch)}
 os.environ.update(RANK="0", TORCHELASTIC_RUN_ID="probe")  # what a worker forked from this process has
 found["worker"] = callbacks(lightning.pytorch)
 found["worker_pytorch_lightning"] = callbacks(pytorch_lightning)
@@ -229,7 +229,7 @@ def test_kubetrain_adapters_off_keeps_the_adapter_out() -> None:
 def test_the_adapter_module_imports_nothing_of_kubetrain_or_torch_until_a_fit() -> None:
     """Of kubetrain.api only its standard-library names (contract, record_format); no torch, no pydantic."""
     script = (
-        "import sys, kubetrain.trainer.lightning_adapter\n"
+        "import sys, kubetrain.runtime.guest.lightning_adapter\n"
         "print(sorted(m for m in sys.modules if m.startswith(('torch', 'kubetrain.api', 'pydantic'))))"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)

@@ -20,8 +20,8 @@ from support.controlplane import free_port
 from support.waiting import wait_for
 
 from kubetrain.api.training import ObjectStoreConfig
+from kubetrain.runtime.worker.metrics import MetricsLogger
 from kubetrain.trainer.checkpoint import Checkpointer, CheckpointError
-from kubetrain.trainer.metrics import MetricsLogger
 from kubetrain.trainer.objectstore import LOG_PREFIX, ObjectStore, job_tag, valid_commits
 
 pytestmark = pytest.mark.unit
@@ -240,7 +240,7 @@ def test_an_entry_it_cannot_read_counts_for_nothing_and_is_never_overwritten(tmp
 
 
 def test_a_survivor_commits_its_step_alone_and_a_stale_one_is_refused(tmp_path: Path, s3_bucket: Any) -> None:
-    """Rank 1 of attempt 4, whose peers are gone, saves alone (kubetrain.trainer.survivor): its
+    """Rank 1 of attempt 4, whose peers are gone, saves alone (kubetrain.runtime.worker.survivor): its
     commit is the newest, with its own RNG state only. One of an older attempt is fenced out."""
     holder = checkpointer(tmp_path, s3_bucket, 4)
     holder.load()  # rank 0 of attempt 4 registered the attempt

@@ -23,9 +23,9 @@ from support.silent_server import SilentServer
 
 from kubetrain.api.contract import find_unrecoverable
 from kubetrain.api.training import ObjectStoreConfig
+from kubetrain.runtime.worker.metrics import MetricsLogger
 from kubetrain.trainer import objectstore
 from kubetrain.trainer.checkpoint import Checkpointer, CheckpointError
-from kubetrain.trainer.metrics import MetricsLogger
 from kubetrain.trainer.objectstore import ObjectStore, valid_commits
 
 pytestmark = pytest.mark.unit
@@ -126,7 +126,7 @@ def test_the_holders_prune_removes_superseded_uploads_and_old_commits(tmp_path: 
 
 
 def test_two_survivors_saving_one_step_with_different_bytes_commit_it_once(tmp_path: Path, s3_bucket: Any) -> None:
-    """Node 0's pod is gone, so every survivor saves (kubetrain.trainer.survivor). Their bytes
+    """Node 0's pod is gone, so every survivor saves (kubetrain.runtime.worker.survivor). Their bytes
     differ (each carries its own RNG state). In the order upload 1, upload 2, commit 2, commit 1
     the step must be committed once, from bytes that match the commit."""
     checkpointer(tmp_path, s3_bucket, 4).load()  # rank 0 registered attempt 4, then its pod went

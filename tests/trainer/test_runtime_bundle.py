@@ -1,5 +1,5 @@
-"""kubetrain.trainer.runtime_bundle: the runtime an init container copies into images without
-kubetrain. It must be the whole import closure of the torchrun hooks, need nothing but the standard
+"""kubetrain.runtime.bundle: the runtime an init container copies into images without
+kubetrain. It must be the whole import closure of the runtime package, need nothing but the standard
 library and torch, parse and import on every Python a user's image may carry (3.10 to 3.13), and
 load through its sitecustomize in a Python that has torch and no kubetrain (nor pydantic)."""
 
@@ -9,6 +9,7 @@ import ast
 import glob
 import json
 import os
+import pkgutil
 import subprocess
 import sys
 import sysconfig
@@ -21,10 +22,10 @@ from support.shipped import kubeflow_ddp
 from kubetrain.api.function import RUNNER_MODULE
 from kubetrain.client.ship import ship
 from kubetrain.client.spec import function_files
-from kubetrain.trainer import runtime_bundle
+from kubetrain.runtime import bundle as runtime_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = {"api": ROOT / "api", "trainer": ROOT / "trainer"}
+FOLDERS = {"api": ROOT / "api", "runtime": ROOT / "runtime", "trainer": ROOT / "trainer"}
 # What the runtime may import besides the standard library and itself: the user's torch. The
 # adapters reach transformers and lightning only through sys.modules, never by import.
 ALLOWED_THIRD_PARTY = {"torch"}
@@ -71,14 +72,19 @@ def closure(root: str) -> tuple[set[str], set[str]]:
 
 
 @pytest.mark.unit
-def test_the_bundle_is_the_hooks_whole_import_closure_of_standard_library_and_torch() -> None:
+def test_the_bundle_is_the_runtimes_whole_import_closure_of_standard_library_and_torch() -> None:
+    """Computed here independently of the bundle's own walk: from the package's modules, as
+    pkgutil lists them (the hooks and the runner of shipped functions among them)."""
+    roots = [info.name for info in pkgutil.walk_packages([str(ROOT / "runtime")], "kubetrain.runtime.")]
+    assert {"kubetrain.runtime.torchrun_hooks", RUNNER_MODULE} <= set(roots)
     modules: set[str] = set()
     third_party: set[str] = set()
-    for root in runtime_bundle.RUNNER_ROOTS:
+    for root in ["kubetrain.runtime", *roots]:
         found, third = closure(root)
         modules |= found
         third_party |= third
-    assert modules == set(runtime_bundle.RUNTIME_MODULES)
+    assert modules == {runtime_bundle.module_name(path) for path in runtime_bundle.files()}
+    assert not any(m.startswith("kubetrain.trainer") for m in modules)
     assert third_party <= ALLOWED_THIRD_PARTY, third_party - ALLOWED_THIRD_PARTY
 
 
@@ -86,10 +92,7 @@ def test_the_bundle_is_the_hooks_whole_import_closure_of_standard_library_and_to
 def test_the_bundle_needs_no_python_newer_than_3_10() -> None:
     """vermin reads the syntax and the standard library names each file uses (a static check; the
     test below runs the interpreters this machine has)."""
-    files = [str(runtime_bundle.LOADER)] + [
-        str(ROOT / runtime_bundle.relative_path(module).relative_to("kubetrain"))
-        for module in runtime_bundle.RUNTIME_MODULES
-    ]
+    files = [str(runtime_bundle.LOADER)] + [str(path) for path in runtime_bundle.files()]
     done = subprocess.run(
         [str(Path(sys.executable).parent / "vermin"), "--no-tips", "--violations", "-t=3.10-", *files],
         capture_output=True,
@@ -103,7 +106,7 @@ def test_the_bundle_needs_no_python_newer_than_3_10() -> None:
 def install(tmp_path: Path) -> Path:
     into = tmp_path / "kubetrain-runtime"
     written = runtime_bundle.install(into)
-    assert len(written) == len(runtime_bundle.RUNTIME_MODULES) + 1
+    assert len(written) == len(runtime_bundle.files()) + 1
     return into
 
 
@@ -111,8 +114,8 @@ def install(tmp_path: Path) -> Path:
 def test_install_writes_files_any_user_reads(tmp_path: Path) -> None:
     into = install(tmp_path)
     assert (into / "site" / "sitecustomize.py").read_bytes() == runtime_bundle.LOADER.read_bytes()
-    hooks = into / "lib" / "kubetrain" / "trainer" / "torchrun_hooks.py"
-    assert hooks.read_bytes() == (ROOT / "trainer" / "torchrun_hooks.py").read_bytes()
+    hooks = into / "lib" / "kubetrain" / "runtime" / "torchrun_hooks.py"
+    assert hooks.read_bytes() == (ROOT / "runtime" / "torchrun_hooks.py").read_bytes()
     assert all(p.stat().st_mode & 0o004 for p in into.rglob("*")), "readable by the trainer's user"
     assert not (into / "lib" / "kubetrain" / "__init__.py").exists(), "kubetrain stays a namespace package"
 
@@ -130,13 +133,13 @@ def test_install_leaves_the_volume_root_alone(tmp_path: Path) -> None:
 @pytest.mark.unit
 def test_main_says_what_it_wrote(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "kubetrain.trainer.runtime_bundle", str(tmp_path / "rt")],
+        [sys.executable, "-m", "kubetrain.runtime.bundle", str(tmp_path / "rt")],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     )
-    assert f"{len(runtime_bundle.RUNTIME_MODULES) + 1} files in {tmp_path / 'rt'}" in done.stderr
+    assert f"{len(runtime_bundle.files()) + 1} files in {tmp_path / 'rt'}" in done.stderr
 
 
 # What a pod's Python reports with the bundle first on its PYTHONPATH: where the hooks came from,
@@ -144,9 +147,10 @@ def test_main_says_what_it_wrote(tmp_path: Path) -> None:
 PROBE = textwrap.dedent(
     """
     import json, sys
-    hooks = sys.modules.get("kubetrain.trainer.torchrun_hooks")
-    import kubetrain.trainer.guest_records, kubetrain.trainer.hf_adapter, kubetrain.trainer.lightning_adapter
-    import kubetrain.trainer.step_watch, kubetrain.trainer.watchdog, kubetrain.trainer.metrics
+    hooks = sys.modules.get("kubetrain.runtime.torchrun_hooks")
+    import kubetrain.runtime.guest.guest_records, kubetrain.runtime.guest.hf_adapter
+    import kubetrain.runtime.guest.lightning_adapter
+    import kubetrain.runtime.guest.step_watch, kubetrain.runtime.worker.watchdog, kubetrain.runtime.worker.metrics
     print(json.dumps({
         "hooks": hooks.__file__ if hooks else None,
         "heavy": sorted(

@@ -1,4 +1,4 @@
-"""kubetrain.trainer.step_watch: progress records and watchdog beats from a script's optimizer
+"""kubetrain.runtime.guest.step_watch: progress records and watchdog beats from a script's optimizer
 steps (the end-to-end case, a plain script whose rank 1 hangs, is tests/local/test_hang_forensics.py)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from kubetrain.api.records import fold
-from kubetrain.trainer import guest_records, step_watch
-from kubetrain.trainer.step_watch import RECORD_EVERY_S, StepWatch
+from kubetrain.runtime.guest import guest_records, step_watch
+from kubetrain.runtime.guest.step_watch import RECORD_EVERY_S, StepWatch
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The stop vote (kubetrain.trainer.stopping) with two gloo ranks: spaced out while steps are fast
+"""The stop vote (kubetrain.runtime.worker.stopping) with two gloo ranks: spaced out while steps are fast
 (a vote costs about as much CPU as a README-sized step, benchmarks/stop_on_signal.py), after
 every step once steps are slow, and a SIGTERM to one rank still stops both at the same step,
 soon after steps suddenly slow down too."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.trainer_runs import Launcher
 
-from kubetrain.trainer.stopping import VOTE_INTERVAL_S
+from kubetrain.runtime.worker.stopping import VOTE_INTERVAL_S
 
 pytestmark = pytest.mark.train
 
@@ -43,7 +43,7 @@ def test_votes_are_spaced_and_a_signal_stops_every_rank_at_one_step(launcher: La
 
 STUCK = """
 import os, signal, sys, time, types
-from kubetrain.trainer import stopping
+from kubetrain.runtime.worker import stopping
 stopping.STUCK_AFTER_S = 1.0
 stop = stopping.StopSignal(types.SimpleNamespace(world_size=1, backend="gloo"))
 for _ in range(3):

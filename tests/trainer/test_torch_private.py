@@ -1,4 +1,4 @@
-"""kubetrain.trainer.torch_private, the wall around every private torch name the runtime uses:
+"""kubetrain.runtime.torch_private, the wall around every private torch name the runtime uses:
 a canary per declared name and signature against the installed torch, what a torch without one
 gets (torch's own behaviour, reported), and that no other product module spells one."""
 
@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from kubetrain.trainer import agent, torch_private
-from kubetrain.trainer.torch_private import Private
+from kubetrain.runtime import torch_private
+from kubetrain.runtime.agent import inplace
+from kubetrain.runtime.torch_private import Private
 
 pytestmark = pytest.mark.unit
 
@@ -108,7 +109,7 @@ def test_a_torch_without_a_guarded_method_keeps_torchruns_restart(
     with pytest.raises(AssertionError, match="_monitor_workers"):
         assert_present(torch_private.MONITOR_WORKERS)
     start = module.LocalElasticAgent._start_workers
-    agent.patch_agent(module)
+    inplace.patch_agent(module)
     assert module.LocalElasticAgent._start_workers is start, "torch's own, unwrapped"
     # (A torch whose other features fall back too, 2.8's kill-at-once, reports those apart.)
     (record,) = [r for r in reported() if r["feature"] == "in-place-restart"]
@@ -192,7 +193,7 @@ def test_a_wrapped_method_with_another_parameter_is_not_patched(monkeypatch: pyt
     monkeypatch.setattr(module.SubprocessHandler, "_popen", _popen)
     monkeypatch.setattr(torch_private, "_reported", set())
     assert torch_private.lacks(torch_private.POPEN)
-    agent.patch_handler(module)
+    inplace.patch_handler(module)
     assert module.SubprocessHandler._popen is _popen
 
 

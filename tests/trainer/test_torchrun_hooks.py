@@ -1,4 +1,4 @@
-"""kubetrain.trainer.torchrun_hooks, loaded the way a pod and `run --local` load it: before
+"""kubetrain.runtime.torchrun_hooks, loaded the way a pod and `run --local` load it: before
 the script, without the script knowing."""
 
 from __future__ import annotations

@@ -17,6 +17,14 @@ from support.trainer_runs import base_env, free_port
 
 from kubetrain.api import contract
 from kubetrain.api.training import TrainingSpec
+from kubetrain.runtime.worker.dist import (
+    ContractError,
+    MasterUnreachableError,
+    hold_agent_store,
+    read_env,
+    wait_for_master,
+)
+from kubetrain.runtime.worker.metrics import MetricsLogger
 from kubetrain.trainer.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -27,8 +35,6 @@ from kubetrain.trainer.checkpoint import (
     write_checkpoint,
 )
 from kubetrain.trainer.data import load_splits, sharded_loader
-from kubetrain.trainer.dist import ContractError, MasterUnreachableError, hold_agent_store, read_env, wait_for_master
-from kubetrain.trainer.metrics import MetricsLogger
 from kubetrain.trainer.model import build_model
 
 pytestmark = pytest.mark.unit
@@ -300,7 +306,7 @@ def test_a_peer_lost_during_a_save_leaves_the_step_to_the_survivors_save(
     """Seen in the elastic benchmark: node 2 died while the gang gathered the epoch save's RNG
     states; the save had marked its step saved first, so no survivor saved it and the gang
     resumed 14 steps back."""
-    from kubetrain.trainer import survivor
+    from kubetrain.runtime.worker import survivor
 
     def lost(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("[pair.cc:561] Connection closed by peer [127.0.0.1]:33989")
@@ -368,7 +374,7 @@ def test_metrics_records_on_rank0_only(tmp_path: Path, capsys: pytest.CaptureFix
 def test_preflight_names_rank_and_operation_of_a_wrong_result(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed as dist
 
-    from kubetrain.trainer import dist as kdist
+    from kubetrain.runtime.worker import dist as kdist
     from kubetrain.trainer.preflight import PreflightError, run_preflight
 
     ctx = kdist.setup("gloo", environ={})

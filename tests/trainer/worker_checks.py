@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import TensorDataset
 
 from kubetrain.api.training import TrainingSpec
-from kubetrain.trainer import dist as kdist
+from kubetrain.runtime.worker import dist as kdist
 from kubetrain.trainer.data import load_splits, sharded_loader
 from kubetrain.trainer.model import MLP
 from kubetrain.trainer.train import accumulate_gradients

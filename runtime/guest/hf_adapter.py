@@ -6,7 +6,7 @@ kubetrain's torchrun hooks call `install` once `transformers.trainer` is importe
 this module only then): it appends a callback class to that module's `DEFAULT_CALLBACKS`, the
 list every `Trainer.__init__` starts its callbacks from, after transformers' own
 `DefaultFlowCallback`. The hook may fire in torchrun's agent before it forks the workers
-(trainer/warmstart.py), so nothing is decided at install: each callback finds out at run time
+(runtime/agent/warmstart.py), so nothing is decided at install: each callback finds out at run time
 whether its process is a torchrun worker (RANK and TORCHELASTIC_RUN_ID set) and does nothing
 otherwise. In a worker:
 
@@ -15,9 +15,9 @@ otherwise. In a worker:
   `checkpoint` after each save (its `checkpoint-N` folder, reason `periodic`, `final` or
   `signal`) and `done` at the end: kubetrain.api.records' format, on stdout and appended to
   `$KUBETRAIN_CHECKPOINT_DIR/metrics.jsonl` (else the Trainer's `output_dir`);
-* every rank beats the hang watchdog at each optimizer step (kubetrain.trainer.watchdog);
+* every rank beats the hang watchdog at each optimizer step (kubetrain.runtime.worker.watchdog);
 * SIGTERM or SIGINT to any rank becomes a stop at one step boundary, every rank agreeing
-  (kubetrain.trainer.stopping: its vote is collective, called at each `on_step_end`): that step
+  (kubetrain.runtime.worker.stopping: its vote is collective, called at each `on_step_end`): that step
   is saved by the Trainer's own checkpointing (`should_save`, `should_training_stop`), and once
   the save is done every rank meets and exits EXIT_STOPPED (143). A script that resumes from
   `get_last_checkpoint(output_dir)` loses no step.
@@ -26,7 +26,7 @@ Only public transformers names are used (`DEFAULT_CALLBACKS`, `TrainerCallback`,
 `PREFIX_CHECKPOINT_DIR`, the callback events and `TrainerControl`'s flags); where one is missing
 the adapter is left out with a warning and the Trainer runs as without kubetrain. Set
 KUBETRAIN_ADAPTERS=off in the process's environment to leave the adapters out
-(kubetrain.trainer.torchrun_hooks).
+(kubetrain.runtime.torchrun_hooks).
 
 This module imports only the standard library at import time: kubetrain's stop vote, process
 group and watchdog (which import torch and kubetrain.api) are imported by a worker's callback.
@@ -45,7 +45,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
 
-from kubetrain.trainer import guest_records
+from kubetrain.runtime.guest import guest_records
 
 log = logging.getLogger("kubetrain.hf_adapter")
 
@@ -108,7 +108,7 @@ class Adapter:
     per Trainer; it acts only in a torchrun worker, from its `on_train_begin` on."""
 
     prefix = "checkpoint"
-    # kubetrain.trainer.stopping.EXIT_STOPPED (imported with torch, so not at import time here).
+    # kubetrain.runtime.worker.stopping.EXIT_STOPPED (imported with torch, so not at import time here).
     exit_code = 128 + signal.SIGTERM
 
     def __init__(self) -> None:
@@ -130,14 +130,14 @@ class Adapter:
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The Trainer exists, so does the process group its TrainingArguments set up: rank 0
         marks the rendezvous an attempt's timeline and an in-place restart count by (a script's
-        own init_process_group leaves it to the adapter, kubetrain.trainer.step_watch)."""
+        own init_process_group leaves it to the adapter, kubetrain.runtime.guest.step_watch)."""
         guest_records.rendezvous()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not guest_records.is_worker():
             return
-        from kubetrain.trainer.stopping import EXIT_STOPPED
-        from kubetrain.trainer.watchdog import HangWatchdog
+        from kubetrain.runtime.worker.stopping import EXIT_STOPPED
+        from kubetrain.runtime.worker.watchdog import HangWatchdog
 
         self.active, self.stopping, self.stop_saved = True, False, None
         self.rank = int(os.environ["RANK"])
@@ -237,7 +237,7 @@ class Adapter:
 
     def _exit(self, state: Any) -> None:
         """Every rank meets (the stop's save is complete once all passed), then the process ends
-        with EXIT_STOPPED, as the built-in trainer ends: without destructors (kubetrain.trainer.ending)."""
+        with EXIT_STOPPED, as the built-in trainer ends: without destructors (kubetrain.runtime.ending)."""
         received = self.stop.received
         by = received.name if received is not None else "a signal to another rank"
         saved = f"checkpoint {self.stop_saved} written" if self.stop_saved else "no checkpoint written"
@@ -249,15 +249,15 @@ class Adapter:
 
 
 def _leave(code: int) -> None:
-    from kubetrain.trainer import ending
+    from kubetrain.runtime import ending
 
     ending.leave(code)
 
 
 def _stop_signal() -> Any:
     """kubetrain's stop vote on the process group the Trainer's arguments set up."""
-    from kubetrain.trainer import dist
-    from kubetrain.trainer.stopping import StopSignal
+    from kubetrain.runtime.worker import dist
+    from kubetrain.runtime.worker.stopping import StopSignal
 
     return StopSignal(dist.current_or_alone())
 

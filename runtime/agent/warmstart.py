@@ -12,7 +12,7 @@ agent's signal handlers, atexit hooks and open sockets (the rendezvous store's, 
 port's). The worker ends with `os._exit` after its own atexit hooks: there is nothing of the
 agent to tear down.
 
-Used by trainer/agent.py for every start of the workers of a job that restarts in place; other
+Used by runtime/agent/inplace.py for every start of the workers of a job that restarts in place; other
 command lines (not Python, numactl-wrapped, output redirected by torchrun) start as before.
 """
 
@@ -34,7 +34,7 @@ import time
 import traceback
 from collections.abc import Mapping, Sequence
 
-from kubetrain.trainer import ending, torch_private
+from kubetrain.runtime import ending, torch_private
 
 log = logging.getLogger("kubetrain.agent")
 

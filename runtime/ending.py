@@ -7,7 +7,7 @@ destructors have nothing left to do but can still hang or abort: torch before 2.
 pytorch/pytorch#56297, fixed by #154976), and after a failure a destroy waits for collectives
 in flight that no peer will finish. torchrun needs only the exit code. Used by the built-in
 trainer (`python -m kubetrain.trainer`), the runner of shipped functions
-(`kubetrain.trainer.function`) and torchrun itself (torchrun_hooks). No torch here: a usage
+(`kubetrain.runtime.guest.function`) and torchrun itself (torchrun_hooks). No torch here: a usage
 error still ends fast.
 """
 

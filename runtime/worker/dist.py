@@ -29,9 +29,9 @@ import torch.distributed.nn
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
 
 from kubetrain.api import contract
-from kubetrain.trainer import reach
-from kubetrain.trainer.metrics import MetricsLogger
-from kubetrain.trainer.torchrun_hooks import exit_barrier_key, hold_exit_barrier
+from kubetrain.runtime import reach
+from kubetrain.runtime.torchrun_hooks import exit_barrier_key, hold_exit_barrier
+from kubetrain.runtime.worker.metrics import MetricsLogger
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -155,7 +155,7 @@ def resolve_backend(requested: str) -> str:
 def wait_for_master(host: str, port: int, timeout_s: float, *, interval_s: float = reach.INTERVAL_S) -> float:
     """Retry TCP connects to the master until one succeeds; return the seconds waited.
 
-    Name resolution is retried too, at the same short fixed interval (trainer/reach.py): a
+    Name resolution is retried too, at the same short fixed interval (runtime/reach.py): a
     headless Service's record appears only once the master pod has an IP, so early workers see
     "name does not resolve" for a while.
     """

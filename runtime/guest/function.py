@@ -1,4 +1,4 @@
-"""`torchrun -m kubetrain.trainer.function DIR`: call a function shipped by kubetrain.client's `train()`.
+"""`torchrun -m kubetrain.runtime.guest.function DIR`: call a function shipped by kubetrain.client's `train()`.
 
 DIR holds the shipped module and the call (`kubetrain.api.function_call`). Every rank loads the
 module and calls the function with the call's arguments. The return value is not sent anywhere:
@@ -18,11 +18,11 @@ source for `init_process_group` would guess, and miss a helper that calls it). A
 function initialised itself has torch's defaults and the function's arguments, not the job's
 timeouts. What kubetrain's own set-up does
 before a group exists still happens first: `torch.distributed.nn` is imported (by
-kubetrain.trainer.dist here, and by the torchrun hooks' wrapper of `init_process_group` in any
+kubetrain.runtime.worker.dist here, and by the torchrun hooks' wrapper of `init_process_group` in any
 worker), so a group the function destroys is freed and its threads do not outlive it.
 
 It ends as the built-in trainer does: on success every rank meets, then each leaves with
-`os._exit` (kubetrain.trainer.ending says why); after a failure at once, without a teardown that
+`os._exit` (kubetrain.runtime.ending says why); after a failure at once, without a teardown that
 could wait for a collective no peer will finish. The meeting (`dist.finish`) runs only where a
 group is still initialised when the function returns: a function that destroyed its group met
 its peers at its own barrier first, and one that never made a group has no peers to meet (the
@@ -51,7 +51,7 @@ from typing import Any
 
 from kubetrain.api.contract import CONFIG_ENV
 from kubetrain.api.function_call import CALL_FILE, RUNNER_MODULE, SOURCE_FILE, Call, read_call
-from kubetrain.trainer.ending import leave
+from kubetrain.runtime.ending import leave
 
 # The shipped module's name on every rank; registered in sys.modules so that what its classes
 # pickle (torch.save of an object of a shipped class) loads again in the same run.
@@ -104,8 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception:  # the shipped module's own imports and statements
         print(f"[rank {rank}] loading the shipped function failed:\n{traceback.format_exc()}", file=sys.stderr)
         return 1
-    from kubetrain.trainer import dist as kdist
-    from kubetrain.trainer.metrics import configure_logging, log
+    from kubetrain.runtime.worker import dist as kdist
+    from kubetrain.runtime.worker.metrics import configure_logging, log
 
     configure_logging(rank)
     kdist.set_up_on_first_use(**job_set_up(os.environ.get(CONFIG_ENV, "")))

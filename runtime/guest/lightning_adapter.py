@@ -1,10 +1,10 @@
 """A Lightning script under torchrun gets kubetrain's progress records, its checkpoints in
 `lastCheckpoint`, the zero-loss stop and the hang watchdog, the script unchanged.
 
-kubetrain.trainer.torchrun_hooks calls `install` when Lightning's trainer module is imported
+kubetrain.runtime.torchrun_hooks calls `install` when Lightning's trainer module is imported
 (`lightning.pytorch.trainer.trainer` or `pytorch_lightning.trainer.trainer`), in whichever process
 imports it: torchrun's agent may import a script's modules before it forks the workers
-(kubetrain.trainer.warmstart). So `install` only patches the `Trainer` class, and what a process
+(kubetrain.runtime.agent.warmstart). So `install` only patches the `Trainer` class, and what a process
 is is decided when a Trainer is made: in a torchrun worker (RANK and TORCHELASTIC_RUN_ID set) its
 `callbacks` (a public argument) get one more, a `KubetrainCallback`; elsewhere nothing changes.
 `Trainer.save_checkpoint` (public) is wrapped to record each checkpoint's path once it is written.
@@ -16,8 +16,8 @@ The callback, on every rank of a `fit`:
   starts, `step` at the first optimizer step and then at most every RECORD_EVERY_S (global_step,
   rank 0's loss of that batch, the first learning rate), `checkpoint` after each save, `done` at
   the end;
-* each optimizer step beats the hang watchdog (kubetrain.trainer.watchdog);
-* SIGTERM or SIGINT on any rank stops every rank at one optimizer step (kubetrain.trainer.stopping's
+* each optimizer step beats the hang watchdog (kubetrain.runtime.worker.watchdog);
+* SIGTERM or SIGINT on any rank stops every rank at one optimizer step (kubetrain.runtime.worker.stopping's
   vote, an all_reduce at step boundaries): Lightning saves that step through its own
   `save_checkpoint` as `last.ckpt` in the dirpath of the Trainer's ModelCheckpoint (where
   `fit(ckpt_path="last")` looks; without a ModelCheckpoint nothing is saved), then every rank meets
@@ -49,7 +49,7 @@ import time
 from types import ModuleType
 from typing import Any
 
-from kubetrain.trainer import guest_records
+from kubetrain.runtime.guest import guest_records
 
 log = logging.getLogger("kubetrain.lightning_adapter")
 
@@ -139,7 +139,7 @@ class Adapter:
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """The process group exists (Lightning made it in its strategy's set-up): the mark an
-        in-place restart counts as done at (kubetrain.trainer.step_watch leaves it to us)."""
+        in-place restart counts as done at (kubetrain.runtime.guest.step_watch leaves it to us)."""
         guest_records.rendezvous()
 
     def state_dict(self) -> dict[str, Any]:
@@ -158,7 +158,7 @@ class Adapter:
             log.warning("kubetrain's Lightning adapter is off for this fit", exc_info=True)
 
     def _start(self, trainer: Any) -> None:
-        from kubetrain.trainer import dist, stopping, watchdog
+        from kubetrain.runtime.worker import dist, stopping, watchdog
 
         self.rank = trainer.global_rank
         self.total = total_steps(trainer)
@@ -186,7 +186,7 @@ class Adapter:
             self._stop(trainer)
 
     def _stop(self, trainer: Any) -> None:
-        from kubetrain.trainer.stopping import EXIT_STOPPED
+        from kubetrain.runtime.worker.stopping import EXIT_STOPPED
 
         if self.rank == 0:
             self._step_record(trainer)

@@ -1,9 +1,9 @@
 """kubetrain's runtime loader, first on PYTHONPATH: for every node process of `kubetrain run
 --local` (local/localize.py), and in a pod whose image may lack kubetrain (the operator's init
-container copies it to /kubetrain-runtime/site: kubetrain.trainer.runtime_bundle). The trainer image's
+container copies it to /kubetrain-runtime/site: kubetrain.runtime.bundle). The trainer image's
 `kubetrain-torchrun-hooks.pth` has loaded the hooks before this runs.
 
-It loads kubetrain.trainer.torchrun_hooks (inert until torch.distributed is imported): the
+It loads kubetrain.runtime.torchrun_hooks (inert until torch.distributed is imported): the
 Python's own kubetrain where it has one, else the bundled copy in `../lib`, appended to sys.path
 so that it never shadows anything the image installed. Then it runs the sitecustomize this Python
 would have run without it, if there is one. Standard library only, Python 3.10 and later.
@@ -14,7 +14,7 @@ import importlib.util
 import os
 import sys
 
-_HOOKS = "kubetrain.trainer.torchrun_hooks"
+_HOOKS = "kubetrain.runtime.torchrun_hooks"
 _here = os.path.dirname(os.path.abspath(__file__))
 
 

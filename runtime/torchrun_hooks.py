@@ -2,7 +2,7 @@
 
 Loaded at interpreter start-up — by the trainer image's `kubetrain-torchrun-hooks.pth`, and by the
 `sitecustomize` first on PYTHONPATH in other images (the operator's runtime init container,
-kubetrain.trainer.runtime_bundle) and for `kubetrain run --local` — and
+kubetrain.runtime.bundle) and for `kubetrain run --local` — and
 inert until torch's own modules are imported: importing this module imports nothing of torch.
 When they are, two of torch's exit races are closed where a user's script cannot close them:
 
@@ -11,7 +11,7 @@ When they are, two of torch's exit races are closed where a user's script cannot
   arguments for the life of the process, so a script's `destroy_process_group()` cannot free
   the group and gloo's threads die at interpreter shutdown, racing peers that already left:
   "terminate called without an active exception" (SIGABRT) after a run that trained to the
-  end. kubetrain.trainer.dist does the same import for the built-in trainer.
+  end. kubetrain.runtime.worker.dist does the same import for the built-in trainer.
 * torchrun's agent: node 0's agent hosts the store that torchrun's exit barrier runs on and
   exits the moment the barrier opens; an agent that opened it from another node still has a
   request to make and logs "Error waiting on exit barrier" with a C++ trace
@@ -24,22 +24,22 @@ When they are, two of torch's exit races are closed where a user's script cannot
   workers had failed, on 2 loaded cores, and the pod's end (a recreated gang's start) waited.
 * torchrun's static rendezvous: a node other than 0 waits for node 0's name and port at a short
   fixed interval before torch's store client connects (which retries a name that does not
-  resolve yet with growing gaps), see kubetrain.trainer.reach.
-* Progress and hang evidence for a script that reports neither (kubetrain.trainer.step_watch): its
+  resolve yet with growing gaps), see kubetrain.runtime.reach.
+* Progress and hang evidence for a script that reports neither (kubetrain.runtime.guest.step_watch): its
   optimizer steps beat a hang watchdog on every rank and, on rank 0, print `step` records.
-* A Lightning script (kubetrain.trainer.lightning_adapter, unless KUBETRAIN_ADAPTERS=off): progress
+* A Lightning script (kubetrain.runtime.guest.lightning_adapter, unless KUBETRAIN_ADAPTERS=off): progress
   records, its checkpoints in lastCheckpoint, the zero-loss stop and the watchdog, from a callback
   every `Trainer` gets in a torchrun worker.
-* A Hugging Face `Trainer` script (kubetrain.trainer.hf_adapter, unless KUBETRAIN_ADAPTERS=off): the
+* A Hugging Face `Trainer` script (kubetrain.runtime.guest.hf_adapter, unless KUBETRAIN_ADAPTERS=off): the
   same, from a callback added to transformers.trainer's DEFAULT_CALLBACKS.
 * The in-place gang restart (runPolicy.restartStrategy InPlace, when KUBETRAIN_ATTEMPT_FILE is
   set): torchrun's agent holds a failed gang and restarts its workers when the pod is moved to
   the next attempt, starting them as forks of itself (torchrun's launch config then asks NVML,
   not the CUDA runtime, whether there are GPUs: its answer would leave the forks unable to use
-  them); see kubetrain.trainer.agent.
+  them); see kubetrain.runtime.agent.inplace.
 
 The private torch names these hooks and the agent use live behind one wall,
-kubetrain.trainer.torch_private: a torch that renamed one, or changed a parameter kubetrain
+kubetrain.runtime.torch_private: a torch that renamed one, or changed a parameter kubetrain
 passes, gets torch's own behaviour for that feature, never a failure, and the job says so (a
 `fallback` record, a RuntimeFallback Warning Event).
 """
@@ -57,7 +57,8 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from kubetrain.trainer import attempt_store, ending, step_watch, torch_private
+from kubetrain.runtime import ending, torch_private
+from kubetrain.runtime.guest import attempt_store, step_watch
 
 log = logging.getLogger("kubetrain.torchrun_hooks")
 
@@ -110,7 +111,7 @@ def _import_nn_before_init(module: ModuleType) -> None:
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         import torch.distributed.nn  # noqa: F401  (see the module docstring)
 
-        # kubetrain.trainer.dist passes a store of its own; a script's call passes none.
+        # kubetrain.runtime.worker.dist passes a store of its own; a script's call passes none.
         scripted = kwargs.get("store") is None
         if attempt_store.needs_prefix(args, kwargs):
             kwargs = attempt_store.prefixed(kwargs)
@@ -135,7 +136,7 @@ def _rebind_package(module: ModuleType) -> None:
         setattr(module, "init_process_group", wrapped)  # noqa: B010
 
 
-# kubetrain.trainer.dist holds node 0's workers on the same key.
+# kubetrain.runtime.worker.dist holds node 0's workers on the same key.
 exit_barrier_key = torch_private.exit_barrier_key
 
 
@@ -143,7 +144,7 @@ def hold_exit_barrier(
     store: Any, group_rank: int, world: int, key: str, timeout_s: float, interval_s: float = POLL_S
 ) -> bool:
     """The one hold of node 0 at torchrun's exit barrier, from its agent (here) or from one of its
-    workers (kubetrain.trainer.dist): on node 0 of several, return once the `world - 1` other
+    workers (kubetrain.runtime.worker.dist): on node 0 of several, return once the `world - 1` other
     agents counted themselves in under `key` (True), or after `timeout_s` (False). True at once
     on any other node, or with no other node."""
     if group_rank != 0 or world < 2:
@@ -201,24 +202,24 @@ def _exit_when_done(module: ModuleType) -> None:
 
 
 def _wait_for_node0(module: ModuleType) -> None:
-    from kubetrain.trainer import agent
+    from kubetrain.runtime.agent import inplace
 
-    agent.patch_static_rendezvous(module)
+    inplace.patch_static_rendezvous(module)
 
 
 def _restart_in_place(module: ModuleType) -> None:
-    from kubetrain.trainer import agent
+    from kubetrain.runtime.agent import inplace
 
-    if agent.enabled():
-        agent.patch_agent(module)
+    if inplace.enabled():
+        inplace.patch_agent(module)
 
 
 def _launch_config(module: ModuleType) -> None:
     torch_private.shutdown_timeout_read(module)
-    from kubetrain.trainer import agent
+    from kubetrain.runtime.agent import inplace
 
-    if agent.enabled():
-        agent.patch_launch_config(module)
+    if inplace.enabled():
+        inplace.patch_launch_config(module)
 
 
 def _watch_steps(module: ModuleType) -> None:
@@ -236,26 +237,26 @@ def adapters_enabled(environ: Any = None) -> bool:
 
 
 def _adapt_lightning(module: ModuleType) -> None:
-    """Lightning's trainer module loaded (either package name): kubetrain.trainer.lightning_adapter."""
+    """Lightning's trainer module loaded (either package name): kubetrain.runtime.guest.lightning_adapter."""
     if adapters_enabled():
-        from kubetrain.trainer import lightning_adapter
+        from kubetrain.runtime.guest import lightning_adapter
 
         lightning_adapter.install(module)
 
 
 def _adapt_transformers(module: ModuleType) -> None:
-    """transformers.trainer (which defines Trainer) loaded: kubetrain.trainer.hf_adapter."""
+    """transformers.trainer (which defines Trainer) loaded: kubetrain.runtime.guest.hf_adapter."""
     if adapters_enabled():
-        from kubetrain.trainer import hf_adapter
+        from kubetrain.runtime.guest import hf_adapter
 
         hf_adapter.install(module)
 
 
 def _warm_workers(module: ModuleType) -> None:
-    from kubetrain.trainer import agent
+    from kubetrain.runtime.agent import inplace
 
-    if agent.enabled():
-        agent.patch_handler(module)
+    if inplace.enabled():
+        inplace.patch_handler(module)
 
 
 HOOKS: dict[str, Callable[[ModuleType], None]] = {

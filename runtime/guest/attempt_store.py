@@ -2,10 +2,10 @@
 
 torchrun's workers find their process group's keys in the store torchrun's agent hosts, and
 torch adds no per-attempt prefix there: it makes a new store for each of torchrun's own restarts.
-kubetrain's in-place restart (kubetrain.trainer.agent) keeps the agent, and its store, across
+kubetrain's in-place restart (kubetrain.runtime.agent.inplace) keeps the agent, and its store, across
 attempts, so a restarted worker would meet the keys of the attempt before it (the ranks'
 addresses of processes that are gone) and hang in the rendezvous. The built-in trainer and
-`kubetrain.trainer.lib` prefix their keys themselves (kubetrain.trainer.dist); for every other
+`kubetrain.trainer.lib` prefix their keys themselves (kubetrain.runtime.worker.dist); for every other
 script the torchrun hooks hand such a call a client of the agent's store under a prefix of its
 attempt (TORCHELASTIC_RESTART_COUNT, which the agent sets to the attempt). Only where that is
 needed: a restarted attempt (count > 0), the agent's store, an env:// call with no store.

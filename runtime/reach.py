@@ -3,8 +3,8 @@
 A headless Service publishes a pod's name once the pod has an IP; in a recreated gang the other
 nodes' processes usually start before node 0's name resolves, and it does a second or two later.
 torch's own store client retries a failed resolution with growing gaps (seen on the real node:
-`gai error: -2` repeated, 4-5 s lost), so both the trainer (trainer/dist.py) and the torchrun
-agent (trainer/agent.py, before its rendezvous store connects) wait here first. Torch-free.
+`gai error: -2` repeated, 4-5 s lost), so both the trainer (runtime/worker/dist.py) and the torchrun
+agent (runtime/agent/inplace.py, before its rendezvous store connects) wait here first. Torch-free.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Progress and hang evidence for any training script under torchrun, the script unchanged: both
 come from its optimizer steps, the one thing every training loop does.
 
-Loaded by kubetrain.trainer.torchrun_hooks; it acts in torchrun's workers (RANK and
+Loaded by kubetrain.runtime.torchrun_hooks; it acts in torchrun's workers (RANK and
 TORCHELASTIC_RUN_ID set). When `torch.optim.optimizer` is imported it registers a global optimizer-step post hook
 (`register_optimizer_step_post_hook`, public torch API); when the script's
-`init_process_group` returns it arms the hang watchdog (kubetrain.trainer.watchdog). Then:
+`init_process_group` returns it arms the hang watchdog (kubetrain.runtime.worker.watchdog). Then:
 
 * every rank's watchdog is beaten at each optimizer step, so a rank that stops stepping dumps its
   stacks and a Stalled gang's culprit rank and `file:line` can be named (operator/forensics.py);
@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-from kubetrain.trainer import guest_records
+from kubetrain.runtime.guest import guest_records
 
 log = logging.getLogger("kubetrain.step_watch")
 
@@ -43,8 +43,8 @@ RECORD_EVERY_S = 5.0
 SELF_REPORTING = (
     "kubetrain.trainer.train",
     "kubetrain.trainer.lib",
-    "kubetrain.trainer.hf_adapter",
-    "kubetrain.trainer.lightning_adapter",
+    "kubetrain.runtime.guest.hf_adapter",
+    "kubetrain.runtime.guest.lightning_adapter",
 )
 
 
@@ -85,7 +85,7 @@ class StepWatch:
     def arm(self) -> None:
         """The process group exists: from now on a rank that stops stepping leaves its stacks."""
         if self.watchdog is None and not self_reporting():
-            from kubetrain.trainer.watchdog import HangWatchdog
+            from kubetrain.runtime.worker.watchdog import HangWatchdog
 
             self.watchdog = HangWatchdog(self.local_rank)
             self.watchdog.beat()
@@ -146,7 +146,7 @@ def current() -> StepWatch | None:
 def on_optimizer_module(module: Any) -> None:
     """torch.optim.optimizer loaded: follow every optimizer's steps. Registered in any process,
     the worker looked up at each step: torchrun's agent imports torch before it forks workers
-    that inherit the hook (kubetrain.trainer.warmstart)."""
+    that inherit the hook (kubetrain.runtime.agent.warmstart)."""
     module.register_optimizer_step_post_hook(_stepped)
 
 
@@ -157,7 +157,7 @@ def _stepped(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 
 def on_process_group(scripted: bool = True) -> None:
-    """init_process_group returned; `scripted`: the script called it (not kubetrain.trainer.dist,
+    """init_process_group returned; `scripted`: the script called it (not kubetrain.runtime.worker.dist,
     which records the rendezvous itself)."""
     try:
         watch = current()

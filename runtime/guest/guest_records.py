@@ -1,6 +1,6 @@
-"""Records written from inside a user's process (kubetrain.trainer.step_watch and the framework
+"""Records written from inside a user's process (kubetrain.runtime.guest.step_watch and the framework
 adapters): kubetrain.api.records' format, with the standard library only — kubetrain.api.records
-and kubetrain.trainer.metrics import pydantic, which a script's own environment need not have, and
+and kubetrain.runtime.worker.metrics import pydantic, which a script's own environment need not have, and
 which should not load into its process before its training does. The names come from the two
 standard-library modules of kubetrain.api (contract, record_format), which the runtime carries.
 """
@@ -32,7 +32,7 @@ def is_worker(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def _clean(value: Any) -> Any:
-    # JSON has no NaN: a diverged loss is reported as null (as kubetrain.trainer.metrics does).
+    # JSON has no NaN: a diverged loss is reported as null (as kubetrain.runtime.worker.metrics does).
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
@@ -73,7 +73,7 @@ _rendezvous_marked = False
 def rendezvous() -> bool:
     """Rank 0 of a torchrun worker marks its process group's existence once per process: the
     `rendezvous` record an attempt's timeline and an in-place restart go by (on stdout only, as
-    kubetrain.trainer.dist marks it: metrics.jsonl holds the training's records). Whichever of
+    kubetrain.runtime.worker.dist marks it: metrics.jsonl holds the training's records). Whichever of
     step_watch and the adapters sees the group first writes it. True when written now."""
     global _rendezvous_marked
     found = world()

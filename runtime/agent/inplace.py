@@ -4,12 +4,12 @@ With runPolicy.restartStrategy InPlace the operator renders KUBETRAIN_ATTEMPT_FI
 attempt label, projected by the downward API), KUBETRAIN_AGENT_PORT (the port of the pod's
 readiness probe and of the operator's orders), KUBETRAIN_POD_IP and KUBETRAIN_AGENT_TOKEN (the
 job's Secret); `kubetrain run --local` gives each node process the attempt file only, which it
-writes itself. Loaded by kubetrain.trainer.torchrun_hooks when torch's agent is imported, this
+writes itself. Loaded by kubetrain.runtime.torchrun_hooks when torch's agent is imported, this
 makes the agent:
 
 1. start its workers as the attempt the file names: torchrun's restart count is that attempt, so
    every node's workers key the rendezvous store alike, and each worker is a fork of the warm
-   agent (trainer/warmstart.py); then answer Ready on the agent port (`AgentPort`) and print a
+   agent (runtime/agent/warmstart.py); then answer Ready on the agent port (`AgentPort`) and print a
    `launch` record;
 2. when one of its workers fails, or another node's agent reports a failure of the same attempt
    in the rendezvous store torchrun's agents already share (checked every monitor interval):
@@ -30,7 +30,7 @@ makes the agent:
 
 Where the decision is not an in-place restart (a FailJob rule, no restarts left, a pod lost)
 the pods are deleted and the agent ends with them. The agents never restart on their own.
-Like torchrun_hooks this uses torch's private agent names, through kubetrain.trainer.torch_private:
+Like torchrun_hooks this uses torch's private agent names, through kubetrain.runtime.torch_private:
 a torch without them, or with other parameters, gets torchrun's own behaviour (the gang is then
 recreated on a failure), reported as a RuntimeFallback.
 """
@@ -70,7 +70,9 @@ from kubetrain.api.contract import (
     order_signature,
     parse_members,
 )
-from kubetrain.trainer import reach, survivor, torch_private, warmstart
+from kubetrain.runtime import reach, torch_private
+from kubetrain.runtime.agent import warmstart
+from kubetrain.runtime.worker import survivor
 
 log = logging.getLogger("kubetrain.agent")
 
@@ -322,7 +324,7 @@ class InPlace:
         self.oom_kills = oom_kills()
 
     def preload(self, group: Any) -> None:
-        """Import the workers' modules into the agent once (trainer/warmstart.py): before their
+        """Import the workers' modules into the agent once (runtime/agent/warmstart.py): before their
         first start, or on standby, where a node joining an elastic gang would otherwise import
         them while the gang waits for it."""
         if not self.preloaded:
@@ -383,7 +385,7 @@ class InPlace:
         return type(result)(state=group.state)
 
     def _await_survivors(self, group: Any) -> None:
-        """Once the attempt's trainer armed the survivor's save (kubetrain.trainer.survivor), give the
+        """Once the attempt's trainer armed the survivor's save (kubetrain.runtime.worker.survivor), give the
         workers up to its grace to save the last step and exit on their own."""
         try:
             armed = group.store.check([survivor.key(self.attempt, survivor.ARMED_KEY)])
@@ -752,7 +754,7 @@ def patch_launch_config(module: ModuleType) -> None:
 
 def patch_handler(module: ModuleType) -> None:
     """torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler loaded:
-    start Python workers as forks of the agent (trainer/warmstart.py)."""
+    start Python workers as forks of the agent (runtime/agent/warmstart.py)."""
 
     def wrap(popen: Callable[..., Any]) -> Callable[..., Any]:
         def _popen(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
@@ -771,7 +773,7 @@ def patch_handler(module: ModuleType) -> None:
 def patch_static_rendezvous(module: ModuleType) -> None:
     """torch.distributed.elastic.rendezvous.static_tcp_rendezvous loaded: before a node other than
     0 connects to node 0's store, wait for node 0's name and port at a short fixed interval
-    (trainer/reach.py); torch's own client retries a missing name with growing gaps."""
+    (runtime/reach.py); torch's own client retries a missing name with growing gaps."""
     rendezvous_class = getattr(module, "StaticTCPRendezvous", None)
     original: Callable[..., Any] | None = getattr(rendezvous_class, "next_rendezvous", None)
     if rendezvous_class is None or original is None:

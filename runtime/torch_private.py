@@ -1,6 +1,6 @@
 """The wall: every private torch name kubetrain's runtime relies on, declared here and used only here.
 
-What runs beside user code (kubetrain.trainer.torchrun_hooks, agent, warmstart) patches and calls
+What runs beside user code (kubetrain.runtime.torchrun_hooks, agent, warmstart) patches and calls
 names torch does not promise to keep. Each one is declared in NAMES (its module, class, attribute
 and, for a callable, the parameters kubetrain passes), grouped by the behaviour that needs it
 (FEATURES), and reached only through this module:

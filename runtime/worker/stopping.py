@@ -38,8 +38,8 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from kubetrain.trainer import ending
-from kubetrain.trainer.dist import DistContext
+from kubetrain.runtime import ending
+from kubetrain.runtime.worker.dist import DistContext
 
 EXIT_STOPPED = 128 + signal.SIGTERM
 SIGNALS = (signal.SIGTERM, signal.SIGINT)

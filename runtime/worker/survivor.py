@@ -19,7 +19,7 @@ may not set KUBETRAIN_* names) turns it off: the workers are then killed at once
 
 A trainer that can save this way `arm`s it once it trained a step: it marks the attempt in the
 store, and the agents then give their workers up to `grace_s()` to save and exit on their own
-before they kill them (kubetrain.trainer.agent). Workers of scripts that never arm it are
+before they kill them (kubetrain.runtime.agent.inplace). Workers of scripts that never arm it are
 killed at once, as before. Standard library and torch only: this runs beside any script.
 """
 
@@ -41,7 +41,7 @@ PEER_LOST = (
     "remote process exited",
     "ncclRemoteError",
 )
-STORE_PREFIX = "kubetrain/gang"  # the in-place agents' keys (kubetrain.trainer.agent), per attempt
+STORE_PREFIX = "kubetrain/gang"  # the in-place agents' keys (kubetrain.runtime.agent.inplace), per attempt
 ARMED_KEY = "survivor-save"
 SURVIVOR_KEY = "survivor"
 SETTLE_S = 0.2
