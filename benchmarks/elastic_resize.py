@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -38,12 +37,12 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
 import yaml
+from machine import report_head
 
 from kubetrain.api.contract import LEDGER_ENV
 from kubetrain.api.records import records_in
@@ -231,6 +230,7 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="keep the runs' dirs (logs, status) under this folder")
     args = parser.parse_args()
     runs = []
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kubetrain-elastic-") as tmp:
         where = args.keep or Path(tmp)
         where.mkdir(parents=True, exist_ok=True)
@@ -239,9 +239,7 @@ def main() -> None:
                 runs.append(run_once(where, variant, index))
                 print(json.dumps(runs[-1]), flush=True)
     result = {
-        "benchmark": "elastic_resize",
-        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg(), "python": platform.python_version()},
+        **report_head("elastic_resize", load_before),
         "kill_step": KILL_STEP,
         "runs": runs,
         "summary": summarize(runs),

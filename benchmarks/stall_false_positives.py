@@ -30,7 +30,6 @@ import contextlib
 import itertools
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from machine import report_head
 
 from kubetrain.api.records import records_in
 
@@ -156,15 +156,7 @@ def main() -> None:
             hang = {**run, "verdict": hang_verdict(run, scratch / "hang")}
             print(json.dumps({"hang": hang["verdict"]}), flush=True)
     report = {
-        "benchmark": "stall_false_positives",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "logical_cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "load_average_before": [round(v, 2) for v in load_before],
-            "load_average_after": [round(v, 2) for v in os.getloadavg()],
-        },
+        **report_head("stall_false_positives", load_before),
         "setup": {
             "runs": args.runs,
             "hang_timeout_seconds": args.timeout,

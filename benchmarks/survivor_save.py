@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from machine import report_head
 
 from kubetrain.api.contract import DEFAULT_COMMAND
 from kubetrain.api.records import records_in
@@ -113,6 +113,7 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="keep the runs' dirs (logs, status) under this folder")
     args = parser.parse_args()
     runs = []
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kubetrain-survivor-") as tmp:
         where = args.keep or Path(tmp)
         where.mkdir(parents=True, exist_ok=True)
@@ -122,9 +123,7 @@ def main() -> None:
                 runs.append(run_once(where, variant, index))
                 print(json.dumps(runs[-1]), flush=True)
     result = {
-        "benchmark": "survivor_save",
-        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg(), "python": platform.python_version()},
+        **report_head("survivor_save", load_before),
         "fault_step": FAULT_STEP,
         "runs": runs,
         "summary": summarize(runs),

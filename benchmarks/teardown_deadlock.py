@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -50,6 +49,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from machine import report_head
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / "benchmarks" / "results" / "teardown_deadlock.json"
@@ -258,15 +259,7 @@ def main() -> None:
             proc.kill()
             proc.wait()
     report = {
-        "benchmark": "teardown_deadlock",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "logical_cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "load_average_before": load_before,
-            "load_average_after": os.getloadavg(),
-        },
+        **report_head("teardown_deadlock", load_before),
         "setup": {
             "trials": args.trials,
             "teardown_timeout_s": args.timeout,

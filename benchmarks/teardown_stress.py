@@ -45,7 +45,6 @@ import contextlib
 import json
 import os
 import pickle
-import platform
 import random
 import shutil
 import signal
@@ -60,6 +59,7 @@ from typing import Any
 
 import psutil
 import yaml
+from machine import report_head
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -372,16 +372,7 @@ def main() -> None:
             brief = {k: v for k, v in result.items() if k not in ("log_tails", "stderr_tail", "stacks_at_timeout")}
             print(json.dumps(brief), flush=True)
     report = {
-        "benchmark": "teardown_stress",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "logical_cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "torch": _torch_version(),
-            "load_average_before": load_before,
-            "load_average_after": os.getloadavg(),
-        },
+        **report_head("teardown_stress", load_before, torch=_torch_version()),
         "setup": {
             "runs_per_workload": args.runs,
             "busy_loops": args.load,

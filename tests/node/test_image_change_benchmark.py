@@ -4,13 +4,11 @@ fails), and what moved were kubetrain's own layers, not torch's."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from support import images, nodepods
+from support.benchmarks import run_benchmark
 from support.controlplane import Unavailable
 
 pytestmark = pytest.mark.bench
@@ -23,16 +21,7 @@ def test_a_changed_line_reaches_a_pod_by_the_small_layers(tmp_path: Path) -> Non
         trainer = images.built(images.TRAINER_REF)[images.TRAINER_REF]
     except Unavailable as missing:
         pytest.skip(str(missing))
-    output = tmp_path / "image_change.json"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "image_change.py"), "--output", str(output)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    result = json.loads(output.read_text())
+    result = run_benchmark("image_change.py", tmp_path / "image_change.json", timeout=1800)
     change = result["change_to_pod"]
     # The build wrote the operator's and the trainer's new top layers (and their manifests and
     # configs); torch's layers were in the node's store already.

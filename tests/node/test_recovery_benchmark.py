@@ -3,14 +3,13 @@ from, and its summary computes the issue's targets from the runs."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support import nodepods
+from support.benchmarks import run_benchmark
 from support.controlplane import Unavailable
 from support.realjobs import trainer_image
 
@@ -69,16 +68,8 @@ def test_recovery_benchmark_runs_on_the_real_node(tmp_path: Path) -> None:
     except Unavailable as missing:
         pytest.skip(str(missing))
     output = tmp_path / "recovery.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "recovery.py"), "--repeats", "1", "--kinds", "crash"]
-    done = subprocess.run(
-        [*command, "--modes", "InPlace,Recreate", "--output", str(output)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    result = json.loads(output.read_text())
+    arguments = ("--repeats", "1", "--kinds", "crash", "--modes", "InPlace,Recreate")
+    result = run_benchmark("recovery.py", output, *arguments, timeout=1800)
     crash = result["table"]["crash"]
     kept = output.with_suffix(".logs")  # a timed-out in-place run's pod, operator and kubelet logs
     assert crash["InPlace"]["same_pods"], f"{[r for r in result['runs'] if r['mode'] == 'InPlace']}; logs in {kept}"
