@@ -716,6 +716,11 @@ class TrainingJobSpec(StrictModel):
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
 
+    @property
+    def min_nodes(self) -> int:
+        """The fewest nodes the gang trains with: elastic.minNodes, or every node without spec.elastic."""
+        return self.elastic.min_nodes if self.elastic is not None else self.nodes
+
     def trainer_config(self) -> TrainConfig:
         return TrainConfig(training=self.training, checkpoint=self.checkpoint.trainer_config(), backend=self.backend)
 

@@ -541,12 +541,12 @@ class Controller:
         if pods and in_place(job) and state.agent_secret is None:  # before the pods, which read it
             token = agent_io.job_token(self.agent_key, namespace, uid)
             state.agent_secret = await agent_io.ensure_secret(self.kube, job, namespace, uid, token)
-        mode, api = await self._group_api(decision)
+        api = decision.group_api
         if pods and api is not None:
             blocked = await podgroup_io.create(self.kube, job, namespace, uid, attempt, api)
             if blocked is not None:  # without its PodGroup no pod of the gang could be placed
                 return False, blocked
-            pods = [podgroup.join(pod, podgroup.podgroup_name(job, attempt), mode) for pod in pods]
+            pods = [podgroup.join(pod, podgroup.podgroup_name(job, attempt), decision.gang_mode) for pod in pods]
         objects = [render_service(job, namespace, uid)] if decision.create_service else []
         objects += pods
         async with self.creating if objects else contextlib.nullcontext():
@@ -567,26 +567,15 @@ class Controller:
         refusals.sort(key=lambda r: r.transient)
         return len(refusals) < len(objects), (refusals[0] if refusals else None)
 
-    async def _group_api(self, decision: Decision) -> tuple[podgroup.Mode, podgroup.GroupApi | None]:
-        """The attempt's gang mode (its GangScheduling condition) and the PodGroup API version that
-        serves it now (discovery may have moved from v1alpha2 to v1beta1 with an upgrade: the
-        object is the same, the pods name it by name)."""
-        mode = podgroup.recorded_mode(decision.status)
-        if mode == "none":
-            return mode, None
-        # An API gone since the attempt chose it: its first version, which the API server refuses.
-        api = podgroup.served_api(mode, await self.discovery.served()) or podgroup.APIS[mode][0]
-        return mode, api
-
     async def _follow_min_count(self, namespace: str, state: JobState, job: TrainingJob, decision: Decision) -> None:
         """An elastic job's PodGroup given its minCount once more after spec.elastic.minNodes
         changed (and once after the operator starts), where the version lets it change."""
-        if job.spec.elastic is None or state.group_min == podgroup.min_count(job):
+        if job.spec.elastic is None or state.group_min == job.spec.min_nodes:
             return
-        _, api = await self._group_api(decision)
+        api = decision.group_api
         if api is not None and api.api_version in podgroup.MUTABLE_MIN_COUNT:
             await podgroup_io.follow_min_count(self.kube, job, namespace, api)
-        state.group_min = podgroup.min_count(job)
+        state.group_min = job.spec.min_nodes
 
     async def _announce(self, key: Key, body: dict[str, Any], status: TrainingJobStatus, events: list[Event]) -> None:
         """Post the events, log them, count them in the metrics."""

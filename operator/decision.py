@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Literal
 
 from kubetrain.api.models import TrainingJobStatus
+from kubetrain.operator.podgroup import GroupApi, Mode
 from kubetrain.operator.settings import DEFAULTS
 
 
@@ -73,6 +74,10 @@ class Decision:
     # The status must be written before anything is deleted: it records why (the failure,
     # the new attempt), and a crash after the deletes must not lose that.
     commit_first: bool = False
+    # The attempt's gang mode (its GangScheduling condition) and the PodGroup API its pods join,
+    # from Policy.group_apis (None: mode "none"): the controller creates and joins the PodGroup with them.
+    gang_mode: Mode = "none"
+    group_api: GroupApi | None = None
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.0)

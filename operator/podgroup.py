@@ -14,7 +14,7 @@ An elastic job (spec.elastic) gets one PodGroup for its whole life instead, with
 minNodes: kube-scheduler places its first minNodes pods together or none of them, and every pod
 after those (a grown gang's, a lost pod's replacement) one by one, as the group has its quorum
 already. The operator creates those first minNodes pods, node 0 among them, before the others
-(status.py), so the quorum always holds node 0, whose agent hosts the gang's store. Its
+(elastic.py), so the quorum always holds node 0, whose agent hosts the gang's store. Its
 disruption mode is the default (one pod at a time): losing one pod only shrinks an elastic gang.
 On v1beta1 the operator keeps minCount equal to spec.elastic.minNodes when a user changes it; on
 v1alpha2 the group keeps the minCount it was created with.
@@ -70,9 +70,9 @@ FEATURE_GATES = ("GenericWorkload",)
 FEATURE_GATES_1_36 = ("GenericWorkload", "GangScheduling")
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 DEFAULT_SCHEDULER = "default-scheduler"
-# The job condition that records the mode chosen for the current attempt: the controller
-# renders the attempt's pods from it, so a discovery answer that changes mid-attempt never
-# gives one attempt's pods two different modes.
+# The job condition that records the mode chosen for the current attempt: every later decide of
+# the attempt reads it back and hands the mode to the controller in its Decision, so a discovery
+# answer that changes mid-attempt never gives one attempt's pods two different modes.
 CONDITION = "GangScheduling"
 NOT_SERVED = {
     "native": (
@@ -121,7 +121,7 @@ def choose(spec: TrainingJobSpec, served: frozenset[str]) -> Choice:
         message = f"gang auto: schedulerName {spec.scheduler_name} places the pods, so no {api.api_version} PodGroup"
         return Choice("none", "OtherScheduler", message)
     if spec.elastic is not None:  # native (auto or asked for): the API's rules refuse coscheduling
-        low = spec.elastic.min_nodes
+        low = spec.min_nodes
         follows = (
             "it follows spec.elastic.minNodes"
             if api.api_version in MUTABLE_MIN_COUNT
@@ -134,6 +134,16 @@ def choose(spec: TrainingJobSpec, served: frozenset[str]) -> Choice:
         return Choice(mode, api.reason, message)
     size = "minCount" if mode == "native" else "minMember"
     return Choice(mode, api.reason, f"gang {asked}: a {api.api_version} PodGroup per attempt ({size} {spec.nodes})")
+
+
+def api_for(mode: Mode, served: frozenset[str] | None) -> GroupApi | None:
+    """The PodGroup API an attempt in `mode` joins now: the first of its versions served (discovery
+    may have moved from v1alpha2 to v1beta1 with an upgrade: the object is the same, the pods name
+    it by name); an API gone since the attempt chose it: its first version, which the API server
+    refuses. None for mode "none"."""
+    if mode == "none":
+        return None
+    return served_api(mode, served or frozenset()) or APIS[mode][0]
 
 
 def recorded_mode(status: TrainingJobStatus) -> Mode:
@@ -159,11 +169,6 @@ def podgroup_name(job: TrainingJob, attempt: int) -> str:
     return f"{job.name}-{ELASTIC_SUFFIX if job.spec.elastic is not None else attempt}"
 
 
-def min_count(job: TrainingJob) -> int:
-    """How many of the group's pods kube-scheduler places together."""
-    return job.spec.elastic.min_nodes if job.spec.elastic is not None else job.spec.nodes
-
-
 def render_podgroup(job: TrainingJob, namespace: str, uid: str, attempt: int, api: GroupApi) -> dict[str, Any]:
     """The attempt's PodGroup in `api` (a native version or coscheduling's), owned by the job."""
     if api in NATIVE_VERSIONS:
@@ -174,7 +179,7 @@ def render_podgroup(job: TrainingJob, namespace: str, uid: str, attempt: int, ap
             # (storing the default, one pod) unless the WorkloadAwarePreemption gate was on.
             spec["disruptionMode"] = DISRUPT_TOGETHER[api.api_version]
     else:
-        spec = {"minMember": min_count(job)}
+        spec = {"minMember": job.spec.min_nodes}
     labels = {
         naming.LABEL_JOB: job.name,
         naming.LABEL_JOB_UID: uid,
@@ -201,7 +206,7 @@ def stale_selector(uid: str, attempt: int) -> str:
 
 
 def _gang_spec(job: TrainingJob) -> dict[str, Any]:
-    return {"schedulingPolicy": {"gang": {"minCount": min_count(job)}}}
+    return {"schedulingPolicy": {"gang": {"minCount": job.spec.min_nodes}}}
 
 
 def min_count_patch(job: TrainingJob) -> dict[str, Any]:

@@ -9,7 +9,8 @@ callers fold from rank 0's records with `kubetrain.api.records.fold`).
 
 One short stage per concern of the decision; the definitions below, which docs/operator.md
 repeats, stand beside the stages that implement them. The types a decision is made of live in
-decision.py, the conditions' helpers in conditions.py, the pods as seen in pods.py.
+decision.py, the pass the stages share in decide_pass.py, the elastic stages in elastic.py, the
+conditions' helpers in conditions.py, the pods as seen in pods.py.
 
 `decide` is a dispatcher over named stages, each returning the Decision once it decided:
 finished (cleanup, TTL) → suspend → resume → members (an elastic gang's, operator/elastic.py) → gang
@@ -58,7 +59,7 @@ Definitions docs/operator.md repeats:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from kubetrain.api import naming
@@ -69,13 +70,13 @@ from kubetrain.api.models import (
     AttemptStart,
     Failure,
     ReplicaCounts,
-    RunPolicy,
     TrainingJob,
     TrainingJobStatus,
 )
 from kubetrain.api.records import GangFailure
 from kubetrain.operator import elastic, podgroup, timeline
-from kubetrain.operator.conditions import derive_phase, get_condition, is_true, set_condition
+from kubetrain.operator.conditions import derive_phase, get_condition, is_true
+from kubetrain.operator.decide_pass import Pass, Problem
 from kubetrain.operator.decision import DEFAULT_POLICY, Decision, Event, Hold, Policy, StaleView
 from kubetrain.operator.failures import (
     REPEATED_REASON,
@@ -94,55 +95,10 @@ from kubetrain.operator.failures import (
     stamp,
 )
 from kubetrain.operator.forensics import RankStacks, blame
-from kubetrain.operator.pods import INIT_CONTAINER_FAILED, STUCK_REASONS, TERMINAL_PHASES, PodCondition, PodView
-
-# Names defined elsewhere that local/supervisor.py still imports from here (#32); every other
-# importer takes them from the module that defines them.
-# A gang failure and the conditions of the pod it happened to (what onPodConditions matches).
-Problem = tuple[Failure, tuple[PodCondition, ...]]
+from kubetrain.operator.pods import INIT_CONTAINER_FAILED, STUCK_REASONS, TERMINAL_PHASES, PodView
 
 
-@dataclass
-class _Pass:
-    """One reconcile pass: what decide observed, and the Decision (with the new status) it builds."""
-
-    job: TrainingJob
-    uid: str
-    now: datetime  # whole seconds, as the API server keeps every time of a status
-    precise: datetime  # to the millisecond: for the timeline, whose phases are often shorter
-    policy: Policy
-    previous: TrainingJobStatus
-    decision: Decision
-    ours: list[PodView]  # pods of this job (or unlabelled), terminating ones included
-    occupied: set[str]  # names taken by any pod, ours or not
-    live: list[PodView]  # ours, not terminating
-    current: list[PodView]  # live pods of the current attempt (its gang's, once _split_members ran)
-    stale: list[PodView]  # live pods of older attempts
-    stacks: Mapping[int, RankStacks] | None = None
-    members: list[int] = field(default_factory=list)  # the node ranks of the attempt's gang (elastic.members)
-    standby: list[PodView] = field(default_factory=list)  # live pods of the attempt outside its gang
-    admitted: int | None = None  # the nodes Kueue admitted an elastic job with (partial admission)
-
-    @property
-    def size(self) -> int:
-        return len(self.members)
-
-    @property
-    def status(self) -> TrainingJobStatus:
-        return self.decision.status
-
-    @property
-    def run(self) -> RunPolicy:
-        return self.job.spec.run_policy
-
-    def condition(self, kind: str, value: bool, reason: str, message: str, *, only_if_present: bool = False) -> bool:
-        generation = self.job.metadata.generation
-        return set_condition(
-            self.status, kind, value, reason, message, self.now, generation, only_if_present=only_if_present
-        )
-
-
-def _observe(job: TrainingJob, uid: str, pods: list[PodView], now: datetime, policy: Policy) -> _Pass:
+def _observe(job: TrainingJob, uid: str, pods: list[PodView], now: datetime, policy: Policy) -> Pass:
     previous = job.status or TrainingJobStatus()
     status = previous.model_copy(deep=True)
     status.observed_generation = job.metadata.generation
@@ -150,14 +106,16 @@ def _observe(job: TrainingJob, uid: str, pods: list[PodView], now: datetime, pol
     if any(p.attempt is not None and p.attempt > status.attempt for p in ours):
         raise StaleView(f"pods of an attempt newer than {status.attempt}")
     live = [p for p in ours if not p.terminating]
-    return _Pass(
+    # The gang mode its GangScheduling condition recorded for the attempt (_choose_gang records a new one).
+    gang = podgroup.recorded_mode(previous)
+    return Pass(
         job=job,
         uid=uid,
         now=now.replace(microsecond=0),
         precise=now.replace(microsecond=now.microsecond // 1000 * 1000),
         policy=policy,
         previous=previous,
-        decision=Decision(status=status),
+        decision=Decision(status=status, gang_mode=gang, group_api=podgroup.api_for(gang, policy.group_apis)),
         ours=ours,
         occupied={p.name for p in pods},
         live=live,
@@ -193,15 +151,13 @@ def decide(
         return _suspend(run, hold)
     _resume(run)
     _carry_over(run)
-    _split_members(run)
+    elastic.split_members(run)
     unavailable = _choose_gang(run)
     if unavailable is not None:
         return _finish(run, False, "GangSchedulingUnavailable", unavailable)
     problem, held = _first_problem(run)
-    if problem is not None and not held:
-        shrunk = _shrink(run, problem, service_exists)
-        if shrunk is not None:
-            return shrunk
+    if problem is not None and not held and elastic.shrink(run, problem):
+        return _resized(run, service_exists)
     if problem is not None:
         return _restart_or_fail(run, problem, service_exists, in_place=held and _in_place(run))
     overdue = _in_place_overdue(run)
@@ -218,9 +174,8 @@ def decide(
     stall = _stalled(run)
     if stall is not None:
         return _restart_or_fail(run, stall, service_exists, in_place=_in_place(run, stalled=True))
-    grown = _grow(run, service_exists)
-    if grown is not None:
-        return grown
+    if elastic.grow(run):
+        return _resized(run, service_exists)
     _placement(run)
     return _converge(run, service_exists)
 
@@ -228,7 +183,7 @@ def decide(
 # --- stages -----------------------------------------------------------------------------
 
 
-def _suspend(run: _Pass, hold: Hold | None = None) -> Decision:
+def _suspend(run: Pass, hold: Hold | None = None) -> Decision:
     status = run.status
     hold = hold or Hold("Suspended", "runPolicy.suspend is true: the pods are deleted")
     reason, message = hold.reason, hold.message
@@ -242,7 +197,7 @@ def _suspend(run: _Pass, hold: Hold | None = None) -> Decision:
         # count against maxRestarts. A preemption is a disruption: counted, but not charged.
         status.attempt += 1
         status.uncounted_restarts += hold.disruption
-        _reform(run)
+        elastic.reform(run)
     # As for a batch/v1 Job, the deadline clock stops while suspended and restarts on resume.
     status.start_time = None
     status.replicas = ReplicaCounts()
@@ -253,13 +208,13 @@ def _suspend(run: _Pass, hold: Hold | None = None) -> Decision:
     return run.decision
 
 
-def _resume(run: _Pass) -> None:
+def _resume(run: Pass) -> None:
     if is_true(run.status, "Suspended"):
         run.condition("Suspended", False, "Resumed", "not suspended nor held by a queue: the gang is recreated")
         run.decision.events.append(Event("Normal", "Resumed", "job resumed"))
 
 
-def _choose_gang(run: _Pass) -> str | None:
+def _choose_gang(run: Pass) -> str | None:
     """Before an attempt's first pod, record its gang mode (operator/podgroup.py) in the
     GangScheduling condition; the message that fails the job when the mode cannot be had."""
     served = run.policy.group_apis
@@ -272,10 +227,11 @@ def _choose_gang(run: _Pass) -> str | None:
     # The condition says which mode every job got; only the gang's start is worth an Event.
     if run.condition(podgroup.CONDITION, grouped, choice.reason, choice.message) and grouped:
         run.decision.events.append(Event("Normal", podgroup.CONDITION, choice.message))
+    run.decision.gang_mode, run.decision.group_api = choice.mode, podgroup.api_for(choice.mode, served)
     return None
 
 
-def _first_problem(run: _Pass) -> tuple[Problem | None, bool]:
+def _first_problem(run: Pass) -> tuple[Problem | None, bool]:
     """The gang failure to act on: the first in time (its consequences follow it); a lost pod
     before a failure its gang's torchrun agents hold (reported in their `failure` record).
     Whether it is such a held failure."""
@@ -284,7 +240,7 @@ def _first_problem(run: _Pass) -> tuple[Problem | None, bool]:
     deleted = [p for p in run.ours if p.terminating and p.attempt == attempt]
     problems: list[tuple[PodView, FailureKind]] = [
         *((p, "failed") for p in failed),
-        *((p, "deleted") for p in [*deleted, *_vanished(run, deleted)]),
+        *((p, "deleted") for p in [*deleted, *run.vanished(deleted)]),
         *((p, "stuck") for p in _stuck(run)),
     ]
     if problems:
@@ -303,7 +259,7 @@ def _held_order(held: GangFailure) -> tuple[datetime, int]:
     return held.time, held.node
 
 
-def _in_place(run: _Pass, *, stalled: bool = False) -> bool:
+def _in_place(run: Pass, *, stalled: bool = False) -> bool:
     """Whether the gang can restart inside its pods: runPolicy.restartStrategy InPlace, and every
     node's pod of the attempt is there and running. A stalled gang also needs every pod Ready:
     each torchrun agent runs its workers, so it can be told to restart them."""
@@ -314,7 +270,7 @@ def _in_place(run: _Pass, *, stalled: bool = False) -> bool:
     return not stalled or all(p.ready for p in run.current)
 
 
-def _carry_over(run: _Pass) -> None:
+def _carry_over(run: Pass) -> None:
     """Pods still labelled with the attempt before an in-place restart (the operator stopped
     before relabelling them, or the watch has not shown it yet): move them again."""
     line, attempt = run.status.timeline, run.status.attempt
@@ -326,7 +282,7 @@ def _carry_over(run: _Pass) -> None:
     run.stale = [p for p in run.stale if p not in moved]
 
 
-def _in_place_overdue(run: _Pass) -> Problem | None:
+def _in_place_overdue(run: Pass) -> Problem | None:
     """An attempt restarted in place whose rank 0 has not joined its process group within
     Policy.in_place_timeout: it is recreated (see failures.in_place_timeout_failure)."""
     line, timeout = run.status.timeline, run.policy.in_place_timeout
@@ -342,21 +298,7 @@ def _in_place_overdue(run: _Pass) -> Problem | None:
     return in_place_timeout_failure(line.attempt, line.detected_at, timeout, run.now, waited), ()
 
 
-def _vanished(run: _Pass, deleted: list[PodView]) -> list[PodView]:
-    """Ranks missing after every pod of this attempt was observed once: deleted (and already
-    gone), not "not created yet"."""
-    attempt = run.status.attempt
-    if run.previous.attempt != attempt or not run.members or _seen(run.previous.replicas) < run.size:
-        return []
-    present = {p.rank for p in run.current} | {p.rank for p in deleted}
-    return [
-        PodView(naming.pod_name(run.job.name, r), "", run.uid, r, attempt, "Unknown", True, None)
-        for r in run.members
-        if r not in present
-    ]
-
-
-def _stuck(run: _Pass) -> list[PodView]:
+def _stuck(run: Pass) -> list[PodView]:
     stuck = []
     for p in run.current:
         since = p.scheduled_at or p.created
@@ -369,7 +311,7 @@ def _stuck(run: _Pass) -> list[PodView]:
     return stuck
 
 
-def _restart_or_fail(run: _Pass, problem: Problem, service_exists: bool, *, in_place: bool = False) -> Decision:
+def _restart_or_fail(run: Pass, problem: Problem, service_exists: bool, *, in_place: bool = False) -> Decision:
     failure, conditions = problem
     status, policy = run.status, run.run
     done = completed(status)
@@ -413,11 +355,17 @@ def _restart_or_fail(run: _Pass, problem: Problem, service_exists: bool, *, in_p
         _move_in_place(run)
     else:
         run.stale, run.current, run.standby = run.live, [], []
-        _reform(run)
+        elastic.reform(run)
     return _converge(run, service_exists)
 
 
-def _move_in_place(run: _Pass) -> None:
+def _resized(run: Pass, service_exists: bool) -> Decision:
+    """An elastic gang that shrank or grew (elastic.shrink, elastic.grow) restarts in place."""
+    _move_in_place(run)
+    return _converge(run, service_exists)
+
+
+def _move_in_place(run: Pass) -> None:
     """Every pod of the attempt that is not lost (the gang's, and those on standby) moves to the
     new attempt; its agent restarts its workers, or waits, as the new attempt's members say."""
     attempt, gang = run.status.attempt, set(run.members)
@@ -432,154 +380,7 @@ def _move_in_place(run: _Pass) -> None:
         run.decision.requeue(run.policy.in_place_timeout.total_seconds())
 
 
-# --- elastic gangs (operator/elastic.py) ----------------------------------------------------
-
-
-def _split_members(run: _Pass) -> None:
-    """The attempt's gang (run.current) and its pods on standby; an elastic job starts with none."""
-    spec, status = run.job.spec, run.status
-    if spec.elastic is not None and status.members is None:
-        status.members, status.size = [], 0
-    run.members = elastic.members(spec, status)
-    gang = set(run.members)
-    run.standby = [p for p in run.current if p.rank not in gang]
-    run.current = [p for p in run.current if p.rank in gang]
-
-
-def _reform(run: _Pass) -> None:
-    """A gang recreated or resumed: an elastic one forms again from the pods that can run."""
-    if run.job.spec.elastic is not None:
-        run.status.members, run.status.size = [], 0
-        run.members = []
-
-
-def _shrink(run: _Pass, problem: Problem, service_exists: bool) -> Decision | None:
-    """A member's pod lost while node 0's lives: the rest train on in place (or wait, below the
-    minimum), counted against no budget."""
-    spec, attempt = run.job.spec, run.status.attempt
-    if spec.elastic is None or not run.members:
-        return None
-    gone = [p for p in run.ours if p.rank in run.members and p.attempt == attempt and p.terminating]
-    gone += [p for p in run.current if p.phase in TERMINAL_PHASES] + _vanished(run, [])
-    lost = {p.rank for p in gone if p.rank is not None}
-    if not lost or run.members[0] in lost or any(p.phase == "Succeeded" for p in run.current):
-        return None  # node 0's pod hosts the gang's store; a finishing gang is judged as usual
-    failure, _ = problem
-    remaining = [r for r in run.members if r not in lost]
-    below = len(remaining) < spec.elastic.min_nodes
-    after = [] if below else remaining
-    before = run.members
-    status = run.status
-    status.attempt += 1
-    why = f"{failure.reason}: {failure.message}" if failure.message else failure.reason
-    message = (
-        f"node{'s' if len(lost) > 1 else ''} {elastic.describe_nodes(sorted(lost))} lost ({why[:600]}); "
-        + (
-            f"{len(remaining)} node(s) remain, fewer than elastic.minNodes {spec.elastic.min_nodes}: attempt "
-            f"{status.attempt} waits for capacity"
-            if below
-            else f"the gang trains on at {len(after)} of {elastic.range_text(spec)} nodes as attempt {status.attempt}"
-        )
-        + " (not counted against maxRestarts)"
-    )
-    elastic.record(status, before, after, f"{elastic.LOST} ({failure.reason})", message, run.now)
-    run.members = after
-    run.decision.events.append(Event("Warning", "Resized", message))
-    run.decision.commit_first = True
-    _below_minimum(run, below, message)
-    status.replicas = ReplicaCounts()
-    status.timeline = timeline.begin(status.attempt, "InPlace", failed_at=failure.time, detected_at=run.precise)
-    if below:  # nothing restarts: the job waits for capacity (phase Pending, BelowMinNodes)
-        run.condition("Running", False, "Resizing", message, only_if_present=True)
-    else:
-        _resizing(run, message)
-    _move_in_place(run)
-    return _converge(run, service_exists)
-
-
-def _resizing(run: _Pass, message: str) -> None:
-    """A gang that trains on at another size restarts in place: phase Restarting (reason
-    Resizing) until its pods run the new attempt, as after any in-place restart."""
-    run.condition("Restarting", True, "Resizing", message)
-    run.condition("Running", False, "Resizing", message, only_if_present=True)
-
-
-def _grow(run: _Pass, service_exists: bool) -> Decision | None:
-    """Standby pods Ready: the gang forms (no member yet, or below the minimum) or grows (once the
-    cool-down since the last resize passed, while it trains), in place at the next attempt."""
-    spec, status = run.job.spec, run.status
-    if spec.elastic is None:
-        return None
-    ready = [p for p in run.standby if p.ready and p.phase == "Running"]
-    if not run.members:
-        gang = elastic.first_gang(spec, ready, [p for p in run.standby if p not in ready])
-        if gang is None or 0 not in gang:
-            return None
-        reason, joined = elastic.FORMED if not status.resizes else elastic.GROWN, gang
-    else:
-        line = status.timeline
-        if not ready or line is None or line.attempt != status.attempt or line.first_step_at is None:
-            return None  # nothing to add, or the gang has not trained yet at its size
-        due = elastic.cooldown_due(spec, status)
-        if due is not None and run.now < due:
-            run.decision.requeue((due - run.now).total_seconds())
-            return None
-        joined = sorted([*run.members, *(p.rank for p in ready if p.rank is not None)])
-        reason = elastic.GROWN
-    before = run.members
-    status.attempt += 1
-    added = sorted(set(joined) - set(before))
-    message = (
-        f"node{'s' if len(added) > 1 else ''} {elastic.describe_nodes(added)} can run: the gang trains at "
-        f"{len(joined)} of {elastic.range_text(spec)} nodes as attempt {status.attempt}"
-    )
-    elastic.record(status, before, joined, reason, message, run.now)
-    run.members = joined
-    run.decision.events.append(Event("Normal", "Resized", message))
-    run.decision.commit_first = True
-    _below_minimum(run, False, message)
-    if before:  # a gang that grows; one that forms starts, as a job's first gang does
-        _resizing(run, message)
-    status.replicas = ReplicaCounts()
-    status.timeline = timeline.begin(status.attempt, "InPlace", detected_at=run.precise)
-    _move_in_place(run)
-    return _converge(run, service_exists)
-
-
-def _first_ranks(run: _Pass) -> list[int]:
-    """The ranks an elastic job places before its others: node 0, whose agent hosts the gang's
-    store; with a PodGroup the first minNodes, which kube-scheduler places together (node 0 is
-    then in the quorum, never left waiting behind pods that took the capacity)."""
-    spec = run.job.spec
-    assert spec.elastic is not None
-    grouped = podgroup.recorded_mode(run.status) != "none"
-    return list(range(spec.elastic.min_nodes)) if grouped else [0]
-
-
-def _placed(run: _Pass, ranks: list[int]) -> bool:
-    pods = {p.rank: p for p in [*run.current, *run.standby]}
-    return all(r in pods and (pods[r].scheduled or pods[r].phase != "Pending") for r in ranks)
-
-
-def _below_minimum(run: _Pass, below: bool, message: str) -> None:
-    if below:
-        if run.condition(elastic.CONDITION, True, "WaitingForNodes", message):
-            run.decision.events.append(Event("Warning", elastic.CONDITION, message))
-    else:
-        run.condition(elastic.CONDITION, False, "EnoughNodes", message, only_if_present=True)
-
-
-def _standby_text(run: _Pass) -> str:
-    spec = run.job.spec
-    low = spec.elastic.min_nodes if spec.elastic is not None else spec.nodes
-    ready = sorted(p.rank for p in run.standby if p.ready and p.rank is not None)
-    text = f"waiting for nodes: {len(ready)} of {spec.nodes} pods ready to train (node 0 and at least {low} needed)"
-    if run.admitted is not None and run.admitted < spec.nodes:
-        text += f"; Kueue admitted {run.admitted} of them"
-    return text
-
-
-def _repeated(run: _Pass, previous: Failure | None, failure: Failure) -> str | None:
+def _repeated(run: Pass, previous: Failure | None, failure: Failure) -> str | None:
     """The repeated-error rule (`failures.repeated_error`), for shipped functions only: there the
     failure message is the function's own traceback, which the runner puts in torchrun's error
     file. A script's message holds one only sometimes (torchrun's summary names the exception
@@ -614,12 +415,12 @@ def _repeated(run: _Pass, previous: Failure | None, failure: Failure) -> str | N
     )
 
 
-def _gang_succeeded(run: _Pass) -> bool:
+def _gang_succeeded(run: Pass) -> bool:
     ranks = _by_rank(run.current)
     return bool(run.current) and len(ranks) == run.size and all(p.phase == "Succeeded" for p in run.current)
 
 
-def _stragglers(run: _Pass) -> Decision | None:
+def _stragglers(run: Pass) -> Decision | None:
     """The straggler rule: the work is saved (`completed`), yet pods of the attempt still run
     `straggler_timeout` after rank 0's `done` (a rank hung in its teardown): succeed, name them
     in the condition and a Warning Event, and delete their pods whatever cleanPodPolicy says,
@@ -646,7 +447,7 @@ def _stragglers(run: _Pass) -> Decision | None:
     return decision
 
 
-def _timed_out(run: _Pass) -> tuple[str, str] | None:
+def _timed_out(run: Pass) -> tuple[str, str] | None:
     """(reason, message) of the first timeout that passed; requeues for those still ahead."""
     policy, status = run.run, run.status
     if policy.active_deadline_seconds is not None and status.start_time is not None:
@@ -671,7 +472,7 @@ def _timed_out(run: _Pass) -> tuple[str, str] | None:
     return None
 
 
-def _placement(run: _Pass) -> None:
+def _placement(run: Pass) -> None:
     """PodsScheduled=False (Unschedulable) with the scheduler's own message while a pod of the
     attempt waits for a node (with a gang no pod binds until all fit, and nothing else would
     say why); True again once every pod is bound. An elastic job with no gang yet (forming, or
@@ -696,7 +497,7 @@ def _placement(run: _Pass) -> None:
         run.condition("PodsScheduled", True, "AllPodsScheduled", message, only_if_present=True)
 
 
-def _stalled(run: _Pass) -> Problem | None:
+def _stalled(run: Pass) -> Problem | None:
     """hangTimeoutSeconds: rank 0's progress stood still that long while the gang ran (and
     startupTimeoutSeconds: rank 0 wrote nothing that long after the attempt started running)."""
     hang, status = run.run.hang_timeout_seconds, run.status
@@ -727,7 +528,7 @@ def _stalled(run: _Pass) -> Problem | None:
     return failure, ()
 
 
-def _finish(run: _Pass, success: bool, reason: str, message: str) -> Decision:
+def _finish(run: Pass, success: bool, reason: str, message: str) -> Decision:
     if run.status.timeline is not None:
         run.status.timeline = run.status.timeline.model_copy(update={"waiting_on": ""})
     run.condition("Succeeded" if success else "Failed", True, reason, message)
@@ -741,7 +542,7 @@ def _finish(run: _Pass, success: bool, reason: str, message: str) -> Decision:
     return _cleanup(run)
 
 
-def _cleanup(run: _Pass) -> Decision:
+def _cleanup(run: Pass) -> Decision:
     """A finished job: delete the pods cleanPodPolicy names, and the job once its TTL passed."""
     status, policy, decision = run.status, run.run, run.decision
     if policy.clean_pod_policy == "All":
@@ -762,27 +563,7 @@ def _cleanup(run: _Pass) -> Decision:
     return decision
 
 
-def _standby_backoff(run: _Pass, failed: list[PodView]) -> None:
-    """Each failed standby pod counted once and announced; a node whose pod failed on standby is
-    created again only once its back-off passed (elastic.standby_backoff), and the gang's members
-    start afresh."""
-    status, decision = run.status, run.decision
-    elastic.forget_standby_failures(status, run.members)
-    for pod in failed:
-        assert pod.rank is not None  # standby pods are the attempt's, found by rank
-        why = describe(failure_of(pod, status.attempt, "failed", run.now))
-        entry = elastic.count_standby_failure(status, pod.rank, pod.uid, why, run.now)
-        if entry is not None:
-            wait = elastic.standby_backoff(entry.count).total_seconds()
-            message = f"{why}, on standby; created again in {wait:.0f} s (failure {entry.count} in a row)"
-            decision.events.append(Event("Warning", elastic.STANDBY_FAILED, message[:1024]))
-    held = {r: due for r in decision.create_ranks if (due := elastic.standby_due(status, r)) and due > run.now}
-    decision.create_ranks = [r for r in decision.create_ranks if r not in held]
-    if held:
-        decision.requeue((min(held.values()) - run.now).total_seconds())
-
-
-def _converge(run: _Pass, service_exists: bool) -> Decision:
+def _converge(run: Pass, service_exists: bool) -> Decision:
     """Create what is missing, delete older attempts, and report how far the gang got."""
     status, decision, nodes = run.status, run.decision, run.size
     # A standby pod that failed is deleted and created again (after a back-off): it never fails the gang.
@@ -793,14 +574,7 @@ def _converge(run: _Pass, service_exists: bool) -> Decision:
     missing = [r for r in range(run.job.spec.nodes) if r not in present]
     decision.create_ranks = [r for r in missing if naming.pod_name(run.job.name, r) not in run.occupied]
     if run.job.spec.elastic is not None:
-        _standby_backoff(run, failed_standby)
-        first = _first_ranks(run)
-        if not _placed(run, first):
-            # Node 0's pod hosts the gang's store and is in every gang: it takes the first
-            # capacity there is (with the rest of the gang's quorum), the others come once it has a node.
-            decision.create_ranks = [r for r in decision.create_ranks if r in first]
-        if run.admitted is not None:  # Kueue's partial admission: no pod beyond the quota it gave
-            decision.create_ranks = [r for r in decision.create_ranks if r < run.admitted]
+        elastic.limit_creation(run, failed_standby)
     decision.create_service = not service_exists
     if decision.delete_pods:
         decision.commit_first = True
@@ -823,7 +597,7 @@ def _converge(run: _Pass, service_exists: bool) -> Decision:
         pods, counted_nodes = (run.current, nodes) if nodes else ([*run.current, *run.standby], run.job.spec.nodes)
         status.timeline = timeline.advance(status.timeline, pods, counted_nodes, creating=len(assumed), now=run.precise)
         if not nodes:
-            status.timeline = status.timeline.model_copy(update={"waiting_on": _standby_text(run)})
+            status.timeline = status.timeline.model_copy(update={"waiting_on": elastic.standby_text(run)})
     counts = _counts(run.current)
     counts.active += len(assumed)
     status.replicas = counts
@@ -844,7 +618,7 @@ def _converge(run: _Pass, service_exists: bool) -> Decision:
         agents = sum(p.ready or p.phase == "Succeeded" for p in run.current)
         running, counted = agents == nodes, f"{agents} of {nodes} torchrun agents restarted their workers"
     elif not nodes:
-        counted = _standby_text(run)
+        counted = elastic.standby_text(run)
     else:
         counted = f"{sum(p.phase == 'Running' for p in run.current)} of {nodes} pods running"
     if running:
@@ -865,7 +639,7 @@ def _converge(run: _Pass, service_exists: bool) -> Decision:
     return decision
 
 
-def _progress_resumed(run: _Pass) -> None:
+def _progress_resumed(run: Pass) -> None:
     """Stalled goes False once rank 0 reports progress from the stall's second on: records carry
     whole seconds, and the stalled attempt's last one is at least hangTimeoutSeconds older, so a
     record of the stall's own second is the restarted gang's (a restart within that second kept
@@ -892,7 +666,3 @@ def _counts(pods: list[PodView]) -> ReplicaCounts:
         succeeded=sum(p.phase == "Succeeded" for p in pods),
         failed=sum(p.phase == "Failed" for p in pods),
     )
-
-
-def _seen(counts: ReplicaCounts | None) -> int:
-    return 0 if counts is None else counts.active + counts.succeeded + counts.failed

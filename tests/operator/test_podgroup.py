@@ -160,6 +160,19 @@ def test_the_mode_is_kept_while_the_attempt_has_pods() -> None:
     assert cond(step(job, pods, policy=ON_NOTHING), podgroup.CONDITION) == ("True", "PodGroup")
 
 
+def test_the_decision_carries_the_attempts_mode_and_the_api_served_now() -> None:
+    first = step(make_job(), policy=ON_SERVED)
+    assert (first.gang_mode, first.group_api) == (NATIVE, podgroup.NATIVE_ALPHA)
+    job = advance(make_job(), first)
+    pods = [pod_view(job, r) for r in range(2)]
+    upgraded = step(job, pods, policy=Policy(group_apis=BETA | SERVED))  # 1.37: the same object, in v1beta1
+    assert (upgraded.gang_mode, upgraded.group_api) == (NATIVE, podgroup.NATIVE_BETA)
+    gone = step(job, pods, policy=ON_NOTHING)  # its first version, which the API server refuses
+    assert (gone.gang_mode, gone.group_api) == (NATIVE, podgroup.NATIVE_BETA)
+    local = step(make_job(), policy=NOT_ASKED)
+    assert (local.gang_mode, local.group_api) == (NONE, None)
+
+
 def test_the_local_runner_has_no_scheduler_to_ask() -> None:
     assert cond(step(make_job(), policy=NOT_ASKED), podgroup.CONDITION) is None
 
