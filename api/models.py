@@ -839,8 +839,8 @@ class RuntimeFallback(StrictModel):
     feature: str = Field(
         max_length=64,
         description=(
-            "exit-barrier, in-place-restart, kill-at-once, warm-start, wait-for-node0 or shutdown-timeout "
-            "(PET_SHUTDOWN_TIMEOUT, ignored by torch before 2.10)."
+            "exit-barrier, in-place-restart, kill-at-once, warm-start, fork-cuda-check, nvml-gpu-check, preload, "
+            "wait-for-node0, resize-in-place or shutdown-timeout (PET_SHUTDOWN_TIMEOUT, ignored by torch before 2.10)."
         ),
     )
     torch: str = Field("", max_length=64, description="The torch version that lacks it.")

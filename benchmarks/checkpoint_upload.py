@@ -118,7 +118,7 @@ def measure(name: str, server: S3Server, saves: int, steps_between: int, workdir
             step += 1
             ckpt = checkpointers[arm]
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
-            uploader = ckpt._uploader
+            uploader = getattr(ckpt.storage, "uploader", None)  # the object store's; a volume has none
             if arm == "background" and uploader is not None and uploader.running() is not None:
                 started = time.perf_counter()
                 uploader.wait()
@@ -126,7 +126,7 @@ def measure(name: str, server: S3Server, saves: int, steps_between: int, workdir
             started = time.perf_counter()
             ckpt.save(step, state, wait=arm == "sync")
             stalls[arm].append(time.perf_counter() - started + (waited[-1] if arm == "background" and waited else 0))
-            uploading = (lambda u=ckpt._uploader: u.running() is not None) if arm == "background" else None
+            uploading = (lambda u=uploader: u.running() is not None) if arm == "background" else None
             during, after = train_steps(model, optimizer, steps_between, features, uploading)
             steps_during += during
             steps_after[arm] += after

@@ -12,7 +12,9 @@ Each room names the process that runs it:
   script that reports nothing gets, and the runner of Client.train's functions (`function`).
 - here: what more than one of them shares: the torchrun hooks that load all of the above
   (`torchrun_hooks`), the wall around torch's private names
-  (`torch_private`), the wait for node 0 (`reach`), the one exit (`ending`); and `bundle`, which
+  (`torch_private`), the one writer of the records they print (`records`), the gang store's keys
+  and the attempt a process runs as (`store`), the wait for node 0 (`reach`), the one exit
+  (`ending`); and `bundle`, which
   the operator image's init container runs to copy this package into an image without kubetrain.
   `site/` holds the loader first on such a pod's PYTHONPATH.
 

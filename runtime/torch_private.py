@@ -1,9 +1,10 @@
 """The wall: every private torch name kubetrain's runtime relies on, declared here and used only here.
 
 What runs beside user code (kubetrain.runtime.torchrun_hooks, agent, warmstart) patches and calls
-names torch does not promise to keep. Each one is declared in NAMES (its module, class, attribute
-and, for a callable, the parameters kubetrain passes), grouped by the behaviour that needs it
-(FEATURES), and reached only through this module:
+names torch does not promise to keep, and patches in place classes of torch's that offer no way to
+change them (their names public, all the same). Each one is declared in NAMES (its module, class,
+attribute and, for a callable, the parameters kubetrain passes), grouped by the behaviour that
+needs it (FEATURES), and reached only through this module:
 
 * a patch (`patch`) is applied only when every name of its feature exists, with those parameters;
 * a call passes its arguments by keyword (`stop_workers`, `start_workers`, ...): a torch whose
@@ -12,14 +13,16 @@ and, for a callable, the parameters kubetrain passes), grouped by the behaviour 
   what torch alone would.
 
 Where a check fails the feature falls back to torch's own behaviour, never a failure, and says so
-once per process: a warning in the log and a `fallback` record on stdout (kubetrain.api.records),
+once per process (as where kubetrain's own part of it fails, `failed`): a warning in the log and a
+`fallback` record on stdout (kubetrain.runtime.records writes it, kubetrain.api.records parses it),
 which the operator reads from node 0's log into status.runtimeFallbacks and a RuntimeFallback
 Warning Event (the local runner shows the warning line). PRELOAD alone falls back unreported: the
 preload only saves time, and checking it would import torch._dynamo into every agent at once.
 tests/trainer/test_torch_private.py holds a canary per name and signature, run against the
 installed torch.
 
-Standard library only; torch is imported lazily, by the callers' post-import hooks.
+Standard library only (and kubetrain.runtime.records); torch is imported lazily, by the callers'
+post-import hooks.
 """
 
 from __future__ import annotations
@@ -28,14 +31,15 @@ import contextlib
 import dataclasses
 import importlib
 import inspect
-import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Literal
+
+from kubetrain.api.record_format import FALLBACK as FALLBACK_EVENT
+from kubetrain.runtime import records
 
 log = logging.getLogger("kubetrain.torch_private")
 
@@ -44,6 +48,7 @@ LOCAL_AGENT = "torch.distributed.elastic.agent.server.local_elastic_agent"
 STORE_UTILS = "torch.distributed.elastic.utils.store"
 HANDLER = "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler"
 STATIC_RENDEZVOUS = "torch.distributed.elastic.rendezvous.static_tcp_rendezvous"
+LAUNCHER = "torch.distributed.launcher.api"
 
 Kind = Literal["method", "attribute", "constant", "function", "module"]
 
@@ -89,10 +94,17 @@ CUDA_IN_BAD_FORK = Private("torch.cuda", None, "_is_in_bad_fork", "function")
 DYNAMO = Private("torch._dynamo", None, "", "module")
 
 RENDEZVOUS_STORE = Private(STATIC_RENDEZVOUS, "StaticTCPRendezvous", "_store", "attribute")
-# Public attributes, but of a class torch documents no way to change: an elastic gang's resize sets them.
+# Public names, but of a class torch documents no way to change: its rendezvous is wrapped, its
+# attributes read (node 0's address, the timeout), and an elastic gang's resize sets three of them.
+NEXT_RENDEZVOUS = Private(STATIC_RENDEZVOUS, "StaticTCPRendezvous", "next_rendezvous", "method", wrapped=True)
 RENDEZVOUS_RANK = Private(STATIC_RENDEZVOUS, "StaticTCPRendezvous", "rank", "attribute")
 RENDEZVOUS_WORLD_SIZE = Private(STATIC_RENDEZVOUS, "StaticTCPRendezvous", "world_size", "attribute")
 RENDEZVOUS_RUN_ID = Private(STATIC_RENDEZVOUS, "StaticTCPRendezvous", "run_id", "attribute")
+RENDEZVOUS_MASTER_ADDR = Private(STATIC_RENDEZVOUS, "StaticTCPRendezvous", "master_addr", "attribute")
+RENDEZVOUS_MASTER_PORT = Private(STATIC_RENDEZVOUS, "StaticTCPRendezvous", "master_port", "attribute")
+RENDEZVOUS_TIMEOUT = Private(STATIC_RENDEZVOUS, "StaticTCPRendezvous", "timeout", "attribute")
+# A dataclass's own hook, wrapped: the launch config's question about GPUs is asked in it.
+LAUNCH_CONFIG_INIT = Private(LAUNCHER, "LaunchConfig", "__post_init__", "method", wrapped=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,16 +157,47 @@ NODE0_WAIT = Feature(
     "wait-for-node0",
     "waiting for node 0's name at a fixed interval",
     "torch's store client retries with growing gaps",
-    (RENDEZVOUS_STORE,),
+    (
+        NEXT_RENDEZVOUS,
+        RENDEZVOUS_STORE,
+        RENDEZVOUS_RANK,
+        RENDEZVOUS_MASTER_ADDR,
+        RENDEZVOUS_MASTER_PORT,
+        RENDEZVOUS_TIMEOUT,
+    ),
 )
 RESIZE = Feature(
     "resize-in-place",
     "restarting an elastic gang in place at another size",
     "the gang restarts at its first size, and a resize waits until the operator recreates it",
-    (RENDEZVOUS_RANK, RENDEZVOUS_WORLD_SIZE, RENDEZVOUS_RUN_ID),
+    (
+        NEXT_RENDEZVOUS,
+        RENDEZVOUS_RANK,
+        RENDEZVOUS_WORLD_SIZE,
+        RENDEZVOUS_RUN_ID,
+        RENDEZVOUS_MASTER_ADDR,
+        RENDEZVOUS_MASTER_PORT,
+    ),
 )
-FEATURES = (NODE0_LAST, IN_PLACE, KILL_AT_ONCE, WARM_START, FORK_CUDA_CHECK, PRELOAD, NODE0_WAIT, RESIZE)
-NAMES = tuple(name for feature in FEATURES for name in feature.names)
+NVML_CHECK = Feature(
+    "nvml-gpu-check",
+    "torchrun's launch config asking NVML, not the CUDA runtime, whether there are GPUs",
+    "it asks the CUDA runtime, and workers forked from the agent start cold where there are GPUs",
+    (LAUNCH_CONFIG_INIT,),
+)
+FEATURES = (
+    NODE0_LAST,
+    IN_PLACE,
+    KILL_AT_ONCE,
+    WARM_START,
+    FORK_CUDA_CHECK,
+    NVML_CHECK,
+    PRELOAD,
+    NODE0_WAIT,
+    RESIZE,
+)
+# Each name once, though two features may need it (the static rendezvous's).
+NAMES = tuple(dict.fromkeys(name for feature in FEATURES for name in feature.names))
 
 # Not private, but a torch version's boundary the save budget relies on: torchrun reads
 # PET_SHUTDOWN_TIMEOUT into LaunchConfig.shutdown_timeout from torch 2.10; before, SIGTERM to the
@@ -163,7 +206,6 @@ SHUTDOWN_TIMEOUT_ENV = "PET_SHUTDOWN_TIMEOUT"
 SHUTDOWN_TIMEOUT_FIELD = "shutdown_timeout"
 TORCH_SHUTDOWN_S = 30
 
-FALLBACK_EVENT = "fallback"
 _reported: set[str] = set()
 
 
@@ -225,22 +267,26 @@ def torch_version() -> str:
 def fallback(feature: Feature, gone: list[Private] | list[str]) -> None:
     """Say once per process that `feature` falls back to torch's own behaviour: a warning, and a
     `fallback` record on stdout (the pod's log, which the operator reads)."""
+    lacking = ", ".join(map(str, gone))
+    _report(feature, gone, f"torch {torch_version()} has no {lacking}: instead of {feature.does}, {feature.instead}")
+
+
+def failed(feature: Feature, error: Exception, instead: str) -> None:
+    """Say once per process that kubetrain's own code for `feature` failed (a bug, whatever the
+    torch) and torch's own behaviour ran `instead`: the warning and `fallback` record of a torch
+    without a name, with nothing missing. The caller logs the traceback."""
+    _report(
+        feature, [], f"{feature.does} failed under torch {torch_version()} ({type(error).__name__}: {error}): {instead}"
+    )
+
+
+def _report(feature: Feature, gone: list[Private] | list[str], message: str) -> None:
     if feature.key in _reported:
         return
     _reported.add(feature.key)
-    lacking = ", ".join(map(str, gone))
-    message = f"torch {torch_version()} has no {lacking}: instead of {feature.does}, {feature.instead}"
     log.warning("%s", message)
-    record = {
-        "event": FALLBACK_EVENT,
-        "time": time.time(),
-        "feature": feature.key,
-        "torch": torch_version(),
-        "missing": [str(name) for name in gone],
-        "message": message,
-    }
-    sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
+    record = {"feature": feature.key, "torch": torch_version(), "missing": [str(n) for n in gone], "message": message}
+    records.write(FALLBACK_EVENT, record, stream=sys.stdout, attempt_from_env=False)
 
 
 def usable(feature: Feature, loaded: ModuleType | None = None) -> bool:
@@ -324,8 +370,8 @@ def initialize_workers(agent: Any, group: Any, original: Callable[..., Any] | No
 
 
 def set_remaining_restarts(agent: Any, remaining: int) -> None:
-    """torchrun's restarts left (its workers' TORCHELASTIC_RESTART_COUNT derives from them); left
-    alone where this torch counts them otherwise."""
+    """torchrun's restarts left (its workers' restart count, kubetrain.runtime.store.restart_count,
+    derives from them); left alone where this torch counts them otherwise."""
     with contextlib.suppress(Missing):
         attribute(agent, REMAINING_RESTARTS, IN_PLACE)
         agent._remaining_restarts = remaining
@@ -371,6 +417,38 @@ def rendezvous_connected(rendezvous: Any) -> bool:
         return attribute(rendezvous, RENDEZVOUS_STORE, NODE0_WAIT) is not None
     except Missing:
         return True
+
+
+def rendezvous_master(rendezvous: Any, feature: Feature) -> tuple[str, int] | None:
+    """Node 0's (address, port), where a static rendezvous connects; None where this torch keeps
+    them under other names (then `feature`, the caller's, falls back)."""
+    try:
+        return (
+            str(attribute(rendezvous, RENDEZVOUS_MASTER_ADDR, feature)),
+            int(attribute(rendezvous, RENDEZVOUS_MASTER_PORT, feature)),
+        )
+    except Missing:
+        return None
+
+
+def node0_to_wait_for(rendezvous: Any) -> tuple[str, int, float] | None:
+    """What a static rendezvous on a node other than 0 waits for before torch's client connects:
+    node 0's (address, port) and the rendezvous's timeout in seconds. None where there is nothing
+    to wait for (node 0 hosts the store, or the rendezvous holds it already) or this torch keeps
+    them under other names (torch's own client then connects)."""
+    if rendezvous_connected(rendezvous):
+        return None
+    try:
+        if attribute(rendezvous, RENDEZVOUS_RANK, NODE0_WAIT) == 0:
+            return None
+        timeout = attribute(rendezvous, RENDEZVOUS_TIMEOUT, NODE0_WAIT)
+    except Missing:
+        return None
+    master = rendezvous_master(rendezvous, NODE0_WAIT)
+    if master is None:
+        return None
+    # 900 s: torchrun's own rendezvous timeout, where this one has none.
+    return (*master, timeout.total_seconds() if timeout is not None else 900.0)
 
 
 def rendezvous_membership(rendezvous: Any) -> tuple[int, int, str] | None:

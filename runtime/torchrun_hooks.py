@@ -51,7 +51,6 @@ import importlib.machinery
 import logging
 import os
 import sys
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -59,10 +58,9 @@ from typing import Any
 
 from kubetrain.runtime import ending, torch_private
 from kubetrain.runtime.guest import attempt_store, step_watch
+from kubetrain.runtime.store import hold_exit_barrier
 
 log = logging.getLogger("kubetrain.torchrun_hooks")
-
-POLL_S = 0.05
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -136,32 +134,13 @@ def _rebind_package(module: ModuleType) -> None:
         setattr(module, "init_process_group", wrapped)  # noqa: B010
 
 
-# kubetrain.runtime.worker.dist holds node 0's workers on the same key.
-exit_barrier_key = torch_private.exit_barrier_key
-
-
-def hold_exit_barrier(
-    store: Any, group_rank: int, world: int, key: str, timeout_s: float, interval_s: float = POLL_S
-) -> bool:
-    """The one hold of node 0 at torchrun's exit barrier, from its agent (here) or from one of its
-    workers (kubetrain.runtime.worker.dist): on node 0 of several, return once the `world - 1` other
-    agents counted themselves in under `key` (True), or after `timeout_s` (False). True at once
-    on any other node, or with no other node."""
-    if group_rank != 0 or world < 2:
-        return True
-    deadline = time.monotonic() + timeout_s
-    while store.add(key, 0) < world - 1:
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval_s)
-    return True
-
-
 def _node0_enters_exit_barrier_last(module: ModuleType) -> None:
     """torch.distributed.elastic.agent.server.api loaded: wrap SimpleElasticAgent._exit_barrier."""
 
     def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
-        key = str(exit_barrier_key())  # there: `patch` checked both of its names
+        # Never None here (`patch` checked both of its names); node 0's workers hold on it too
+        # (kubetrain.runtime.worker.dist).
+        key = str(torch_private.exit_barrier_key())
 
         def _exit_barrier(self: Any) -> Any:
             try:

@@ -61,9 +61,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kubetrain.api.contract import ATTEMPT_ENV, JOB_UID_ENV, unrecoverable
+from kubetrain.api.contract import JOB_UID_ENV, unrecoverable
 from kubetrain.api.training import ObjectStoreConfig
-from kubetrain.trainer.checkpoint import CheckpointError
+from kubetrain.runtime.store import gang_attempt
+from kubetrain.trainer.storage import CheckpointError
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig, S3Store
@@ -575,8 +576,7 @@ class ObjectStore:
 
 def job_identity() -> tuple[str, int]:
     """(job, attempt) this process writes as: the TrainingJob's UID (a local run's id) and the attempt."""
-    raw = os.environ.get(ATTEMPT_ENV, "0")
-    return os.environ.get(JOB_UID_ENV, ""), int(raw) if raw.isdigit() else 0
+    return os.environ.get(JOB_UID_ENV, ""), gang_attempt() or 0
 
 
 class Uploader:

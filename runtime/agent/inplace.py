@@ -49,7 +49,7 @@ import socketserver
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -70,8 +70,19 @@ from kubetrain.api.contract import (
     order_signature,
     parse_members,
 )
-from kubetrain.runtime import reach, torch_private
+from kubetrain.runtime import reach, records, torch_private
 from kubetrain.runtime.agent import warmstart
+from kubetrain.runtime.store import (
+    abandoned_key,
+    armed_key,
+    failed_key,
+    gang_attempt,
+    go_key,
+    joined_key,
+    next_attempt_key,
+    registered_key,
+    report_key,
+)
 from kubetrain.runtime.worker import survivor
 
 log = logging.getLogger("kubetrain.agent")
@@ -82,7 +93,6 @@ HOLD_REPORT_S = 10.0  # how often a holding agent says it still waits
 # registers within a monitor interval (0.1 s) or two, so the wait ends long before this; it runs
 # out only where an agent is gone (its pod is failing anyway) or a loaded node lags by seconds.
 CONSOLIDATE_S = 5.0
-STORE_PREFIX = survivor.STORE_PREFIX
 GATHER_CONNECT_S = 300  # how long a new member of an elastic gang tries to reach node 0's store
 MESSAGE_BYTES = 2048
 MAX_ORDER_BYTES = 1024
@@ -253,10 +263,9 @@ def peer_lost(message: Any) -> bool:
 
 
 def emit(event: str, **fields: Any) -> None:
-    """One record on the agent's stdout (the pod's log), as the trainer prints its records."""
-    record = {"event": event, "time": time.time(), **fields}
-    sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
+    """One record on the agent's stdout (the pod's log), as the trainer prints its records; the
+    attempt it belongs to is among `fields` (the agent's own, not KUBETRAIN_ATTEMPT's)."""
+    records.write(event, fields, stream=sys.stdout, attempt_from_env=False)
 
 
 class ExitTimes:
@@ -302,7 +311,7 @@ class InPlace:
         self.port = AgentPort(int(port) if port.isdigit() else None, os.environ.get(POD_IP_ENV, ""), token)
         self.port.open()
         found = read_attempt(self.path)
-        self.attempt = found if found is not None else int(os.environ.get(ATTEMPT_ENV, "0") or 0)
+        self.attempt = found if found is not None else (gang_attempt() or 0)
         # An elastic gang (spec.elastic): which nodes train in each attempt (kubetrain.operator.elastic).
         self.members_path = Path(self.path).with_name(MEMBERS_FILE)
         self.known: dict[int, list[int]] = {}
@@ -388,7 +397,7 @@ class InPlace:
         """Once the attempt's trainer armed the survivor's save (kubetrain.runtime.worker.survivor), give the
         workers up to its grace to save the last step and exit on their own."""
         try:
-            armed = group.store.check([survivor.key(self.attempt, survivor.ARMED_KEY)])
+            armed = group.store.check([armed_key(self.attempt)])
         except STORE_ERRORS:  # node 0's agent gone: the survivors save without an election
             armed = True
         if not armed:
@@ -479,20 +488,23 @@ class InPlace:
         torch's static rendezvous makes it)."""
         if self.store is not None:
             return self.store
+        master = torch_private.rendezvous_master(rendezvous, torch_private.RESIZE)
+        if master is None:
+            return None
         try:
             from datetime import timedelta
 
             from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
             self.store = TCPStore(
-                str(rendezvous.master_addr),
-                int(rendezvous.master_port),
+                master[0],
+                master[1],
                 is_master=self.node == 0,
                 timeout=timedelta(seconds=GATHER_CONNECT_S),
                 wait_for_workers=False,
                 multi_tenant=True,
             )
-        except (*STORE_ERRORS, ImportError, AttributeError) as error:
+        except (*STORE_ERRORS, ImportError) as error:
             log.warning("could not reach node 0's store to gather the gang: %s", error)
         return self.store
 
@@ -504,9 +516,9 @@ class InPlace:
         0 decides, once: `go` when all are there, or `abandoned` when a later attempt is ordered
         first. The others wait for that decision in Python, and follow it."""
         assert self.node is not None
-        prefix = f"{STORE_PREFIX}/join/{self.run_id}/{self.attempt}"
-        keys = [f"{prefix}/{node}" for node in members]
-        go, abandoned = f"{prefix}/go", f"{prefix}/abandoned"
+        run_id = str(self.run_id)  # `join` set it before any gathering
+        keys = [joined_key(run_id, self.attempt, node) for node in members]
+        go, abandoned = go_key(run_id, self.attempt), abandoned_key(run_id, self.attempt)
         try:
             store.set(keys[members.index(self.node)], "1")
             while True:
@@ -540,12 +552,9 @@ class InPlace:
                 return newer
             time.sleep(POLL_S)
 
-    def _key(self, *parts: object) -> str:
-        return "/".join([STORE_PREFIX, str(self.attempt), *map(str, parts)])
-
     def _peer_failed(self, store: Any) -> bool:
         try:
-            return int(store.add(self._key("failed"), 0)) > 0
+            return int(store.add(failed_key(self.attempt), 0)) > 0
         except STORE_ERRORS:  # the store's host (node 0's agent) gone: its pod is failing anyway
             return False
 
@@ -569,10 +578,10 @@ class InPlace:
             )
         store = group.store
         try:
-            store.set(self._key("node", group.group_rank), json.dumps(entry))
+            store.set(report_key(self.attempt, group.group_rank), json.dumps(entry))
             if entry["failed"]:
-                store.add(self._key("failed"), 1)
-            store.add(self._key("registered"), 1)
+                store.add(failed_key(self.attempt), 1)
+            store.add(registered_key(self.attempt), 1)
         except STORE_ERRORS as error:
             log.warning("could not register the failure in the rendezvous store: %s", error)
 
@@ -582,10 +591,10 @@ class InPlace:
         deadline = time.monotonic() + CONSOLIDATE_S
         entries: list[dict[str, Any]] = []
         try:
-            while int(store.add(self._key("registered"), 0)) < world and time.monotonic() < deadline:
+            while int(store.add(registered_key(self.attempt), 0)) < world and time.monotonic() < deadline:
                 time.sleep(0.02)
             for node in range(world):
-                key = self._key("node", node)
+                key = report_key(self.attempt, node)
                 if store.check([key]):
                     entries.append(json.loads(store.get(key)))
         except STORE_ERRORS as error:
@@ -605,7 +614,7 @@ class InPlace:
         sync (a minute or more; seen in CI), and no Kubernetes release promises a bound. An
         elastic gang's attempt counts once its members are known too (`membership`). `store`
         None: an agent on standby, not connected to the gang's store yet."""
-        relay = self._key("next")
+        relay = next_attempt_key(self.attempt)
         ordered, named = self.port.ordered, read_attempt(self.path)
         elastic = self.elastic()
         for own in (ordered, named):  # the operator's order first: it does not wait on the kubelet
@@ -673,6 +682,9 @@ def _state(agent: Any) -> InPlace:
     return current()
 
 
+START_INSTEAD = "the workers start as torch alone starts them"
+
+
 def patch_agent(module: ModuleType) -> None:
     """torch.distributed.elastic.agent.server.local_elastic_agent loaded: wrap the worker start
     and the monitor of LocalElasticAgent."""
@@ -686,12 +698,26 @@ def patch_agent(module: ModuleType) -> None:
     except ImportError:
         stopped = KeyboardInterrupt  # type: ignore[assignment,misc]  # a torch without it: nothing to spare
 
+    @contextlib.contextmanager
+    def torchs_own(what_failed: str, instead: str) -> Iterator[None]:
+        """A bug in kubetrain's part of the agent: logged, reported once (a `fallback` record), and
+        torch's own behaviour goes on. A stop signal is torchrun's to handle, never caught."""
+        try:
+            yield
+        except stopped:
+            raise
+        except Exception as error:
+            log.exception("%s", what_failed)
+            torch_private.failed(torch_private.IN_PLACE, error, instead)
+
     def wrap_start(start: Callable[..., Any]) -> Callable[..., Any]:
         def _start_workers(self: Any, worker_group: Any) -> Any:
             state = _state(self)
-            state.before_start(self, worker_group)
+            with torchs_own("the in-place restart could not prepare the workers' start", START_INSTEAD):
+                state.before_start(self, worker_group)
             started = torch_private.start_workers(start, self, worker_group)
-            state.after_start(worker_group, started)
+            with torchs_own("the in-place restart could not follow the workers' start", START_INSTEAD):
+                state.after_start(worker_group, started)
             return started
 
         return _start_workers
@@ -709,13 +735,9 @@ def patch_agent(module: ModuleType) -> None:
                 return torch_private.monitor_workers(monitor, self, worker_group)
 
             result = poll()
-            try:
+            with torchs_own("the in-place restart failed; the gang will be recreated", torch_private.IN_PLACE.instead):
                 return _state(self).monitor(self, worker_group, result, states, poll)
-            except stopped:  # the pod is being stopped: torchrun's own handling
-                raise
-            except Exception:  # a bug here: torchrun's own behaviour (a failure then recreates the gang)
-                log.exception("the in-place restart failed; the gang will be recreated")
-                return result
+            return result  # torchrun's own verdict: a failure then recreates the gang
 
         return _monitor_workers
 
@@ -735,21 +757,20 @@ def patch_launch_config(module: ModuleType) -> None:
     unable to use CUDA (measured on an H200: every warm worker failed "Cannot re-initialize CUDA in
     forked subprocess"). That one question goes to NVML instead, torch's own fork-safe check
     (NVML_CHECK_ENV); the workers, and anything else, get the CUDA runtime's answer as before."""
-    config_class = getattr(module, "LaunchConfig", None)
-    post_init: Callable[..., Any] | None = getattr(config_class, "__post_init__", None)
-    if config_class is None or post_init is None:
-        return
 
-    def __post_init__(self: Any) -> Any:
-        if NVML_CHECK_ENV in os.environ:
-            return post_init(self)
-        os.environ[NVML_CHECK_ENV] = "1"
-        try:
-            return post_init(self)
-        finally:
-            os.environ.pop(NVML_CHECK_ENV, None)
+    def wrap(post_init: Callable[..., Any]) -> Callable[..., Any]:
+        def __post_init__(self: Any) -> Any:
+            if NVML_CHECK_ENV in os.environ:
+                return post_init(self)
+            os.environ[NVML_CHECK_ENV] = "1"
+            try:
+                return post_init(self)
+            finally:
+                os.environ.pop(NVML_CHECK_ENV, None)
 
-    config_class.__post_init__ = __post_init__
+        return __post_init__
+
+    torch_private.patch(module, torch_private.NVML_CHECK, torch_private.LAUNCH_CONFIG_INIT, wrap)
 
 
 def patch_handler(module: ModuleType) -> None:
@@ -773,20 +794,20 @@ def patch_handler(module: ModuleType) -> None:
 def patch_static_rendezvous(module: ModuleType) -> None:
     """torch.distributed.elastic.rendezvous.static_tcp_rendezvous loaded: before a node other than
     0 connects to node 0's store, wait for node 0's name and port at a short fixed interval
-    (runtime/reach.py); torch's own client retries a missing name with growing gaps."""
-    rendezvous_class = getattr(module, "StaticTCPRendezvous", None)
-    original: Callable[..., Any] | None = getattr(rendezvous_class, "next_rendezvous", None)
-    if rendezvous_class is None or original is None:
-        return
+    (runtime/reach.py); torch's own client retries a missing name with growing gaps. An elastic
+    gang's attempt meets at its own rank and size first (`InPlace.join`)."""
 
-    def next_rendezvous(self: Any) -> Any:
-        if enabled():
-            current().join(self)  # an elastic gang: this attempt's rank and size
-        if not torch_private.rendezvous_connected(self) and getattr(self, "rank", 0) != 0:
-            timeout = getattr(self, "timeout", None)
-            seconds = timeout.total_seconds() if timeout is not None else 900.0
-            with contextlib.suppress(reach.Unreachable):  # torch's own error says it better
-                reach.wait_for(self.master_addr, int(self.master_port), seconds)
-        return original(self)
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def next_rendezvous(self: Any) -> Any:
+            if enabled():
+                current().join(self)  # an elastic gang: this attempt's rank and size
+            node0 = torch_private.node0_to_wait_for(self)
+            if node0 is not None:
+                with contextlib.suppress(reach.Unreachable):  # torch's own error says it better
+                    reach.wait_for(*node0)
+            return original(self)
 
-    rendezvous_class.next_rendezvous = next_rendezvous
+        return next_rendezvous
+
+    if not torch_private.patch(module, torch_private.NODE0_WAIT, torch_private.NEXT_RENDEZVOUS, wrap) and enabled():
+        torch_private.usable(torch_private.RESIZE, module)  # said too: it needs the same wrapper

@@ -7,8 +7,9 @@ attempts, so a restarted worker would meet the keys of the attempt before it (th
 addresses of processes that are gone) and hang in the rendezvous. The built-in trainer and
 `kubetrain.trainer.lib` prefix their keys themselves (kubetrain.runtime.worker.dist); for every other
 script the torchrun hooks hand such a call a client of the agent's store under a prefix of its
-attempt (TORCHELASTIC_RESTART_COUNT, which the agent sets to the attempt). Only where that is
-needed: a restarted attempt (count > 0), the agent's store, an env:// call with no store.
+attempt (torchrun's restart count, which the agent sets to the attempt; the prefix and the count:
+kubetrain.runtime.store). Only where that is needed: a restarted attempt (count > 0), the agent's
+store, an env:// call with no store.
 """
 
 from __future__ import annotations
@@ -17,16 +18,14 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-PREFIX = "kubetrain/script"
+from kubetrain.runtime.store import restart_count, script_prefix
 
 
 def needs_prefix(args: tuple[Any, ...], kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
     env = os.environ if environ is None else environ
-    restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
     return (
         env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        and restart.isdigit()
-        and int(restart) > 0
+        and restart_count(env) > 0
         and len(args) <= 1  # init_process_group(backend) — no positional init_method
         and kwargs.get("init_method") in (None, "env://")
         and kwargs.get("store") is None
@@ -49,10 +48,9 @@ def prefixed(kwargs: dict[str, Any]) -> dict[str, Any]:
         is_master=False,
         timeout=kwargs.get("timeout") or default_pg_timeout,
     )
-    attempt = env["TORCHELASTIC_RESTART_COUNT"]
     return {
         **{key: value for key, value in kwargs.items() if key != "init_method"},
-        "store": PrefixStore(f"{PREFIX}/attempt_{attempt}", store),
+        "store": PrefixStore(script_prefix(restart_count(env)), store),
         "rank": int(env["RANK"]),
         "world_size": world_size,
     }

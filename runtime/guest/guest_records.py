@@ -1,18 +1,14 @@
 """Records written from inside a user's process (kubetrain.runtime.guest.step_watch and the framework
-adapters): kubetrain.api.records' format, with the standard library only — kubetrain.api.records
-and kubetrain.runtime.worker.metrics import pydantic, which a script's own environment need not have, and
-which should not load into its process before its training does. The names come from the two
-standard-library modules of kubetrain.api (contract, record_format), which the runtime carries.
+adapters), by the runtime's one writer (kubetrain.runtime.records): a record on stdout and, where a
+checkpoint directory is known, in its metrics.jsonl; and the rank-0 `rendezvous` mark, once. Standard
+library only: kubetrain.api.records imports pydantic, which a script's own environment need not have,
+and which should not load into its process before its training does.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sys
-import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
@@ -20,9 +16,7 @@ from typing import Any, TextIO
 from kubetrain.api.contract import ATTEMPT_ENV as ATTEMPT_ENV
 from kubetrain.api.contract import CHECKPOINT_DIR_ENV as CHECKPOINT_DIR_ENV
 from kubetrain.api.record_format import METRICS_FILE as METRICS_FILE
-
-# Records also come from a callback's thread or a hook: one line at a time.
-_lock = threading.Lock()
+from kubetrain.runtime import records
 
 
 def is_worker(environ: Mapping[str, str] | None = None) -> bool:
@@ -31,31 +25,12 @@ def is_worker(environ: Mapping[str, str] | None = None) -> bool:
     return bool(env.get("RANK", "").isdigit() and env.get("TORCHELASTIC_RUN_ID"))
 
 
-def _clean(value: Any) -> Any:
-    # JSON has no NaN: a diverged loss is reported as null (as kubetrain.runtime.worker.metrics does).
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
 def write(
     event: str, *, out: TextIO | None = None, directory: str | Path | None = None, **fields: Any
 ) -> dict[str, Any]:
     """One record as one line on `out` (stdout), appended to `<directory>/metrics.jsonl` too where
     a directory is given (the file `kubetrain run --local`'s summary and plot read)."""
-    record: dict[str, Any] = {"event": event, "time": time.time()}
-    attempt = os.environ.get(ATTEMPT_ENV, "")
-    if attempt.isdigit():
-        record["attempt"] = int(attempt)
-    record.update({key: _clean(value) for key, value in fields.items()})
-    line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
-    with _lock:
-        stream = out or sys.stdout
-        stream.write(line)
-        stream.flush()
-        if directory:
-            Path(directory).mkdir(parents=True, exist_ok=True)
-            with (Path(directory) / METRICS_FILE).open("a", encoding="utf-8") as file:
-                file.write(line)
-    return record
+    return records.write(event, fields, stream=out or sys.stdout, directory=directory)
 
 
 def world() -> tuple[int, str] | None:

@@ -29,14 +29,19 @@ import torch.distributed.nn
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
 
 from kubetrain.api import contract
-from kubetrain.runtime import reach
-from kubetrain.runtime.torchrun_hooks import exit_barrier_key, hold_exit_barrier
+from kubetrain.runtime import reach, torch_private
+from kubetrain.runtime.store import (
+    VERDICT_KEY,
+    WORLD_SIZE_KEY,
+    check_key,
+    hold_exit_barrier,
+    restart_count,
+    run_key,
+    trainer_prefix,
+)
 from kubetrain.runtime.worker.metrics import MetricsLogger
 
 log = logging.getLogger("kubetrain.trainer")
-
-# Keys of the contract check, under a prefix of ours in the rendezvous store.
-_STORE_PREFIX = "kubetrain"
 
 
 class ContractError(RuntimeError):
@@ -188,8 +193,7 @@ def _make_store(env: DistEnv, timeout: datetime.timedelta) -> tuple[Store, Store
         multi_tenant=not agent,
     )
     # torchrun restarts workers against the same agent store: keep each attempt's keys apart.
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return PrefixStore(f"{_STORE_PREFIX}/attempt_{attempt}", store), store
+    return PrefixStore(trainer_prefix(restart_count()), store), store
 
 
 def check_world_agreement(store: Store, env: DistEnv) -> None:
@@ -199,29 +203,29 @@ def check_world_agreement(store: Store, env: DistEnv) -> None:
     process-group timeout (30 minutes by default), and the log says nothing useful.
     """
     if env.rank == 0:
-        store.set("world_size", str(env.world_size))
+        store.set(WORLD_SIZE_KEY, str(env.world_size))
         problems = []
         for rank in range(1, env.world_size):
             try:
-                answer = store.get(f"check/{rank}").decode()
+                answer = store.get(check_key(rank)).decode()
             except (RuntimeError, dist.DistStoreError) as exc:
                 answer = f"rank {rank} did not join the rendezvous at {env.master_addr}:{env.master_port} ({exc})"
             if answer != "ok":
                 problems.append(answer)
         verdict = "; ".join(problems) or "ok"
-        store.set("verdict", verdict)
+        store.set(VERDICT_KEY, verdict)
     else:
-        master_world = int(store.get("world_size").decode())
+        master_world = int(store.get(WORLD_SIZE_KEY).decode())
         if master_world != env.world_size:
             message = (
                 f"rank {env.rank} has WORLD_SIZE={env.world_size} but rank 0 has WORLD_SIZE={master_world}: "
                 "every process of a job must see the same WORLD_SIZE (NNODES x NPROC_PER_NODE)"
             )
             if env.rank < master_world:
-                store.set(f"check/{env.rank}", message)
+                store.set(check_key(env.rank), message)
             raise ContractError(message)
-        store.set(f"check/{env.rank}", "ok")
-        verdict = store.get("verdict").decode()
+        store.set(check_key(env.rank), "ok")
+        verdict = store.get(VERDICT_KEY).decode()
     if verdict != "ok":
         raise ContractError(verdict)
 
@@ -359,13 +363,14 @@ def hold_agent_store(store: Store, environ: Mapping[str, str], *, timeout_s: flo
     group_rank, group_world = environ.get("GROUP_RANK"), int(environ.get("GROUP_WORLD_SIZE", "1"))
     if group_rank != "0" or group_world < 2:
         return True
-    key = exit_barrier_key()
+    key = torch_private.exit_barrier_key()
     if key is None:  # a torch that renamed its private names must still train, only unheld
         log.warning("this torch keys its exit barrier differently: node 0 does not wait for the other agents")
         return True
     # The agents count themselves in on PrefixStore(run_id); this store is the unprefixed one.
-    run_key = f"{environ.get('TORCHELASTIC_RUN_ID', 'none')}/{key}"
-    return hold_exit_barrier(store, 0, group_world, run_key, timeout_s, interval_s)
+    return hold_exit_barrier(
+        store, 0, group_world, run_key(environ.get("TORCHELASTIC_RUN_ID", "none"), key), timeout_s, interval_s
+    )
 
 
 @contextlib.contextmanager

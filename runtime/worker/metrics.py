@@ -1,26 +1,20 @@
-"""Rank-0 metrics records (written here; their names live in `kubetrain.api.record_format`, their
-parser in `kubetrain.api.records`) and per-rank log lines. Humans read stderr. Other ranks print nothing
-on stdout, and only warnings and errors, prefixed with their rank, on stderr.
+"""Rank-0 metrics records (written by `kubetrain.runtime.records`; their names live in
+`kubetrain.api.record_format`, their parser in `kubetrain.api.records`) and per-rank log lines.
+Humans read stderr. Other ranks print nothing on stdout, and only warnings and errors, prefixed
+with their rank, on stderr.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from kubetrain.api.contract import ATTEMPT_ENV
 from kubetrain.api.record_format import EVENTS, MARKS, METRICS_FILE
+from kubetrain.runtime import records
 
 log = logging.getLogger("kubetrain.trainer")
-# Records also come from a background thread (an object-store checkpoint's commit): one line at a time.
-_write_lock = threading.Lock()
 
 
 def configure_logging(rank: int, stream: TextIO | None = None) -> None:
@@ -30,13 +24,6 @@ def configure_logging(rank: int, stream: TextIO | None = None) -> None:
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     log.propagate = False
-
-
-def _clean(value: Any) -> Any:
-    # JSON has no NaN/Infinity: a diverged loss is reported as null, not as invalid JSON.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def _human(record: dict[str, Any]) -> str:
@@ -97,22 +84,7 @@ class MetricsLogger:
         return record
 
     def _record(self, event: str, **fields: Any) -> dict[str, Any]:
-        record: dict[str, Any] = {"event": event, "time": time.time()}
-        attempt = os.environ.get(ATTEMPT_ENV, "")
-        if attempt.isdigit():
-            # The attempt the record belongs to (its timeline): a restarted gang's rank 0 may log
-            # into the same output as the attempt before it.
-            record["attempt"] = int(attempt)
-        record.update({key: _clean(value) for key, value in fields.items()})
-        line = json.dumps(record, separators=(",", ":"), allow_nan=False)
-        with _write_lock:
-            if self.stdout:
-                sys.stdout.write(line + "\n")
-                sys.stdout.flush()
-            if self._file is not None:
-                self._file.write(line + "\n")
-                self._file.flush()
-        return record
+        return records.write(event, fields, stream=sys.stdout if self.stdout else None, file=self._file)
 
     def close(self) -> None:
         if self._file is not None:

@@ -31,6 +31,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from kubetrain.runtime.store import armed_key, gang_attempt, restart_count, survivor_key
+
 log = logging.getLogger("kubetrain.survivor")
 
 # How a worker's error reads when a peer process died under it (gloo, NCCL): the consequence of
@@ -41,9 +43,6 @@ PEER_LOST = (
     "remote process exited",
     "ncclRemoteError",
 )
-STORE_PREFIX = "kubetrain/gang"  # the in-place agents' keys (kubetrain.runtime.agent.inplace), per attempt
-ARMED_KEY = "survivor-save"
-SURVIVOR_KEY = "survivor"
 SETTLE_S = 0.2
 CONNECT_S = 2.0
 ENABLED_ENV = "KUBETRAIN_SURVIVOR"
@@ -79,12 +78,11 @@ def grace_s() -> float:
         return DEFAULT_GRACE_S
 
 
-def key(attempt: str | int, name: str) -> str:
-    return f"{STORE_PREFIX}/{attempt}/{name}"
-
-
-def attempt() -> str:
-    return os.environ.get("KUBETRAIN_ATTEMPT") or os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0"
+def attempt() -> int:
+    """The attempt this worker's keys belong to: the gang's, which its agent reads them under (the
+    agent gives it to its workers), else torchrun's restart count."""
+    gang = gang_attempt()
+    return restart_count() if gang is None else gang
 
 
 class Survivor:
@@ -120,7 +118,7 @@ class Survivor:
         try:
             store = self._connect()
             if store is not None:
-                store.set(key(self.attempt, ARMED_KEY), "1")
+                store.set(armed_key(self.attempt), "1")
         except Exception as exc:  # no store: the agents kill at once, as without this
             log.warning("could not arm the survivor's save: %s", exc)
 
@@ -131,11 +129,11 @@ class Survivor:
             store = self._connect()
             if store is None:
                 return True
-            store.set(key(self.attempt, f"{SURVIVOR_KEY}/{self.rank}"), "1")
+            store.set(survivor_key(self.attempt, self.rank), "1")
             if self.rank == 0:
                 return True
             time.sleep(SETTLE_S)
-            lower = [key(self.attempt, f"{SURVIVOR_KEY}/{rank}") for rank in range(self.rank)]
+            lower = [survivor_key(self.attempt, rank) for rank in range(self.rank)]
             return not any(store.check([name]) for name in lower)
         except Exception as exc:
             log.warning("rendezvous store unreachable (%s): saving without an election", exc)

@@ -26,6 +26,7 @@ from kubetrain.api.contract import order_signature
 from kubetrain.runtime import reach
 from kubetrain.runtime.agent import inplace, warmstart
 from kubetrain.runtime.agent.inplace import AgentPort, InPlace, error_text, read_attempt
+from kubetrain.runtime.store import armed_key
 from kubetrain.runtime.worker import survivor
 
 pytestmark = pytest.mark.unit
@@ -566,11 +567,11 @@ def test_an_agent_waits_for_armed_workers_to_save_and_exit_but_not_for_others(
     group.workers = [Worker(saver.pid)]  # type: ignore[attr-defined]
     agent.exits.watch([saver.pid])
     started = time.monotonic()
-    inplace._await_survivors(group)
+    agent._await_survivors(group)
     assert saver.poll() is None, "not armed: no wait (the worker still runs)"
-    store.set(survivor.key(0, survivor.ARMED_KEY), "1")
+    store.set(armed_key(0), "1")
     threading.Timer(0.2, saver.stdin.close).start()  # it saved, and exits
-    inplace._await_survivors(group)
+    agent._await_survivors(group)
     assert saver.pid in agent.exits.times, "armed: until the worker exited"
     assert time.monotonic() - started < 60, "not the whole grace"
     assert saver.wait(30) == 0
@@ -581,7 +582,7 @@ def test_an_agent_waits_for_armed_workers_to_save_and_exit_but_not_for_others(
         monkeypatch.setenv(survivor.GRACE_ENV, "0.3")
         started = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="kubetrain.agent"):
-            inplace._await_survivors(group)
+            agent._await_survivors(group)
         # The agent's own verdict, not a clock: the grace ran out with the worker still running.
         assert stuck.poll() is None and "killing them" in caplog.text, "a worker that does not exit waits the grace"
         assert time.monotonic() - started < 60, "no more than the grace"

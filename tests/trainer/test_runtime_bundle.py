@@ -175,7 +175,7 @@ def test_the_bundle_loads_on_every_python_a_user_image_may_carry(tmp_path: Path,
         [python, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120, check=True, cwd=tmp_path
     )
     found = json.loads(done.stdout)
-    assert found == {"hooks": str(into / "lib" / "kubetrain" / "trainer" / "torchrun_hooks.py"), "heavy": []}
+    assert found == {"hooks": str(into / "lib" / "kubetrain" / "runtime" / "torchrun_hooks.py"), "heavy": []}
     assert "kubetrain" not in done.stderr, done.stderr
 
 
@@ -225,7 +225,7 @@ def test_in_a_python_without_kubetrain_the_bundle_loads_the_hooks_and_no_pydanti
     env = {**os.environ, "PYTHONPATH": str(into / "site")}
     done = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, env=env, timeout=120, check=True)
     found = json.loads(done.stdout)
-    assert found == {"hooks": str(into / "lib" / "kubetrain" / "trainer" / "torchrun_hooks.py"), "heavy": []}
+    assert found == {"hooks": str(into / "lib" / "kubetrain" / "runtime" / "torchrun_hooks.py"), "heavy": []}
 
 
 @pytest.mark.unit

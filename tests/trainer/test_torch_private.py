@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import datetime
 import importlib
 import inspect
 import json
+import os
 import re
 import signal
 import types
@@ -17,13 +19,14 @@ from typing import Any
 
 import pytest
 
+from kubetrain.api.contract import ATTEMPT_FILE_ENV
 from kubetrain.runtime import torch_private
 from kubetrain.runtime.agent import inplace
 from kubetrain.runtime.torch_private import Private
 
 pytestmark = pytest.mark.unit
 
-TRAINER = Path(__file__).resolve().parents[2] / "trainer"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def assigned_by(owner: type, name: str) -> bool:
@@ -209,6 +212,147 @@ def test_an_instance_without_a_guarded_attribute_gets_torchs_own_call(reported: 
     assert [r["feature"] for r in reported()] == ["exit-barrier", "warm-start", "wait-for-node0"]
 
 
+def test_a_static_rendezvous_without_its_names_connects_as_torch_does(
+    monkeypatch: pytest.MonkeyPatch, reported: Any, tmp_path: Path
+) -> None:
+    """No next_rendezvous to wrap: torch's rendezvous is left as it is, and the wait for node 0 says
+    so (an in-place job's elastic resize too: it rides on the same wrapper). A rendezvous without
+    node 0's address connects at once, as torch's own client does."""
+    import torch.distributed.elastic.rendezvous.static_tcp_rendezvous as real
+
+    class StaticTCPRendezvous:
+        pass
+
+    module = types.ModuleType(real.__name__)
+    module.StaticTCPRendezvous = StaticTCPRendezvous  # type: ignore[attr-defined]
+    monkeypatch.setenv(ATTEMPT_FILE_ENV, str(tmp_path / "attempt"))
+    inplace.patch_static_rendezvous(module)
+    assert not hasattr(StaticTCPRendezvous, "next_rendezvous")
+    assert [(r["feature"], r["missing"]) for r in reported()] == [
+        ("wait-for-node0", ["StaticTCPRendezvous.next_rendezvous()"]),
+        ("resize-in-place", ["StaticTCPRendezvous.next_rendezvous()"]),
+    ]
+
+    torch_private._reported.clear()
+    node1 = types.SimpleNamespace(_store=None, rank=1, timeout=datetime.timedelta(seconds=5))
+    assert torch_private.node0_to_wait_for(node1) is None
+    (record,) = reported()
+    assert (record["feature"], record["missing"]) == ("wait-for-node0", ["StaticTCPRendezvous.master_addr"])
+    node1.master_addr, node1.master_port = "node-0", "29500"
+    assert torch_private.node0_to_wait_for(node1) == ("node-0", 29500, 5.0)
+    assert torch_private.node0_to_wait_for(types.SimpleNamespace(**{**vars(node1), "rank": 0})) is None, "it hosts"
+    assert torch_private.node0_to_wait_for(types.SimpleNamespace(**{**vars(node1), "_store": object()})) is None
+
+
+def test_the_launch_config_asks_nvml_only_where_torch_has_the_hook_to_wrap(
+    monkeypatch: pytest.MonkeyPatch, reported: Any
+) -> None:
+    """torchrun's LaunchConfig asks about GPUs in its __post_init__: wrapped, it asks NVML
+    (NVML_CHECK_ENV set for that call only); a torch without that hook is left as it is, and
+    says so."""
+    import torch.distributed.launcher.api as launcher
+
+    seen: list[str | None] = []
+
+    @dataclasses.dataclass
+    class LaunchConfig:
+        min_nodes: int = 1
+
+        def __post_init__(self) -> None:
+            seen.append(os.environ.get(inplace.NVML_CHECK_ENV))
+
+    @dataclasses.dataclass
+    class OldLaunchConfig:
+        min_nodes: int = 1
+
+    monkeypatch.delenv(inplace.NVML_CHECK_ENV, raising=False)
+    module = types.ModuleType(launcher.__name__)
+    module.LaunchConfig = LaunchConfig  # type: ignore[attr-defined]
+    inplace.patch_launch_config(module)
+    LaunchConfig()
+    assert seen == ["1"] and inplace.NVML_CHECK_ENV not in os.environ
+    assert reported() == []
+
+    old = types.ModuleType(launcher.__name__)
+    old.LaunchConfig = OldLaunchConfig  # type: ignore[attr-defined]
+    inplace.patch_launch_config(old)
+    assert "__post_init__" not in vars(OldLaunchConfig)
+    (record,) = reported()
+    assert (record["feature"], record["missing"]) == ("nvml-gpu-check", ["LaunchConfig.__post_init__()"])
+    assert record["message"].endswith("workers forked from the agent start cold where there are GPUs")
+
+
+def test_a_bug_in_the_agents_start_or_monitor_leaves_torchs_own_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, reported: Any
+) -> None:
+    """Where the in-place restart's part of torch's start or monitor raises (a bug, whatever the
+    torch), the workers start as torch starts them and torch's verdict stands: logged, and said
+    in a `fallback` record. A stop signal still reaches torchrun."""
+    import torch.distributed.elastic.agent.server.local_elastic_agent as real
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    calls: list[str] = []
+
+    class LocalElasticAgent:  # torch's names and parameters, as the wall declares them
+        def _start_workers(self, worker_group: Any) -> Any:
+            calls.append("torch starts")
+            return {0: 4242}
+
+        def _monitor_workers(self, worker_group: Any) -> Any:
+            return "torch's verdict"
+
+        def _initialize_workers(self, worker_group: Any) -> None:
+            raise AssertionError("not called here")
+
+        def _stop_workers(self, worker_group: Any) -> None:
+            raise AssertionError("not called here")
+
+        def _shutdown(self, death_sig: Any = None, timeout: Any = None) -> None:
+            raise AssertionError("not called here")
+
+    class Broken:
+        error: Exception = RuntimeError("boom")
+
+        def before_start(self, agent: Any, group: Any) -> None:
+            raise self.error
+
+        def after_start(self, group: Any, started: Any) -> None:
+            calls.append(f"after {started}")
+
+        def monitor(self, *args: Any) -> Any:
+            raise self.error
+
+    module = types.ModuleType(real.__name__)
+    module.LocalElasticAgent = LocalElasticAgent  # type: ignore[attr-defined]
+    module.WorkerState = real.WorkerState  # type: ignore[attr-defined]
+    broken = Broken()
+    monkeypatch.setattr(inplace, "_state", lambda agent: broken)
+    inplace.patch_agent(module)
+    agent = LocalElasticAgent()
+
+    assert agent._start_workers("group") == {0: 4242}
+    assert calls == ["torch starts", "after {0: 4242}"], "torch's start, then the agent port and the launch record"
+    (record,) = reported()
+    assert (record["feature"], record["missing"]) == ("in-place-restart", [])
+    torch_version = record["torch"]
+    assert record["message"].endswith(
+        f"failed under torch {torch_version} (RuntimeError: boom): the workers start as torch alone starts them"
+    )
+
+    torch_private._reported.clear()
+    assert agent._monitor_workers("group") == "torch's verdict"
+    (record,) = reported()
+    assert record["message"].endswith("(RuntimeError: boom): torchrun's own restart: a failure recreates the gang")
+
+    broken.error = SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+    calls.clear()
+    with pytest.raises(SignalException):
+        agent._start_workers("group")
+    with pytest.raises(SignalException):
+        agent._monitor_workers("group")
+    assert calls == [], "a stop is torchrun's: nothing started"
+
+
 def test_a_torch_that_ignores_pet_shutdown_timeout_says_the_budget_is_torchs_30_s(
     monkeypatch: pytest.MonkeyPatch, reported: Any
 ) -> None:
@@ -305,9 +449,10 @@ def private_names_spelled(source: str) -> list[tuple[int, str]]:
 
 
 def test_only_the_wall_spells_a_private_torch_name() -> None:
+    """The runtime (every room of it) and the built-in trainer."""
     spelled = {
-        path.name: names
-        for path in sorted(TRAINER.glob("*.py"))
+        str(path.relative_to(ROOT)): names
+        for path in sorted([*(ROOT / "runtime").rglob("*.py"), *(ROOT / "trainer").glob("*.py")])
         if path.name != "torch_private.py" and (names := private_names_spelled(path.read_text()))
     }
     assert spelled == {}
@@ -333,3 +478,14 @@ def test_the_scan_leaves_a_modules_own_private_names_alone() -> None:
     source = "import os\nclass A:\n    def __init__(self):\n        self._store = 1\n    def f(self, other):\n"
     source += "        return self._store + other._store + self._g()\n    def _g(self):\n        os._exit(0)\n"
     assert private_names_spelled(source) == []
+
+
+@pytest.mark.unit
+def test_the_status_field_names_every_feature_the_wall_reports() -> None:
+    """status.runtimeFallbacks[].feature is what a user reads: its description (the CRD's) lists
+    each feature a fallback record may name."""
+    from kubetrain.api.models import RuntimeFallback
+
+    description = RuntimeFallback.model_fields["feature"].description or ""
+    named = set(re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)+|preload", description))
+    assert {feature.key for feature in torch_private.FEATURES} | {"shutdown-timeout"} <= named

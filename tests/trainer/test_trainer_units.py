@@ -30,12 +30,11 @@ from kubetrain.trainer.checkpoint import (
     CheckpointError,
     complete_checkpoints,
     latest_checkpoint,
-    prune,
     read_checkpoint,
-    write_checkpoint,
 )
 from kubetrain.trainer.data import load_splits, sharded_loader
 from kubetrain.trainer.model import build_model
+from kubetrain.trainer.volume import prune, write_checkpoint
 
 pytestmark = pytest.mark.unit
 
@@ -187,7 +186,7 @@ def test_latest_complete_and_keep_last_k(tmp_path: Path) -> None:
 _KILL_WRITER = textwrap.dedent(
     """
     import os, sys, torch
-    from kubetrain.trainer import checkpoint
+    from kubetrain.trainer import volume as checkpoint
     directory, point = sys.argv[1], sys.argv[2]
     checkpoint.write_checkpoint(directory, 1, {"state": {"w": torch.ones(3)}, "ranks": []}, {})
     def block(*args, **kwargs):
