@@ -19,20 +19,18 @@ Writes benchmarks/results/survivor_save.json (or --output).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
-from machine import report_head
+from machine import paired_arguments, paired_runs, report_head, write_report
 
 from kubetrain.api.contract import DEFAULT_COMMAND
 from kubetrain.api.records import records_in
@@ -107,30 +105,16 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3, help="pairs of runs (one of each variant)")
-    parser.add_argument("--output", type=Path, default=RESULTS)
-    parser.add_argument("--keep", type=Path, help="keep the runs' dirs (logs, status) under this folder")
-    args = parser.parse_args()
-    runs = []
+    args = paired_arguments(__doc__ or "", RESULTS)
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="kubetrain-survivor-") as tmp:
-        where = args.keep or Path(tmp)
-        where.mkdir(parents=True, exist_ok=True)
-        for index in range(args.repeats):
-            order = VARIANTS if index % 2 == 0 else VARIANTS[::-1]
-            for variant in order:
-                runs.append(run_once(where, variant, index))
-                print(json.dumps(runs[-1]), flush=True)
+    runs = paired_runs(args, VARIANTS, run_once, prefix="kubetrain-survivor-")
     result = {
         **report_head("survivor_save", load_before),
         "fault_step": FAULT_STEP,
         "runs": runs,
         "summary": summarize(runs),
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result["summary"], indent=2))
+    write_report(args.output, result)
 
 
 if __name__ == "__main__":

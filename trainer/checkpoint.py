@@ -31,7 +31,7 @@ from kubetrain.api.training import ObjectStoreConfig
 from kubetrain.runtime.worker.metrics import MetricsLogger
 from kubetrain.trainer.objectstore import ObjectStore
 from kubetrain.trainer.objectstore_storage import ObjectStoreStorage
-from kubetrain.trainer.storage import CheckpointError, CheckpointStorage
+from kubetrain.trainer.storage import CheckpointError, CheckpointStorage, Packed
 from kubetrain.trainer.volume import VolumeStorage, complete_checkpoints, latest_checkpoint, read_checkpoint
 
 __all__ = [
@@ -198,9 +198,8 @@ class Checkpointer:
             return None
         payload, meta, epoch = self._package(state, ranks, reason, epoch)
         must_commit = bool(wait or (wait is None and reason in ("signal", "final")))
-        where = self.storage.save(
-            step, payload, meta, committed=self._committed(step, epoch, reason), may_skip=not must_commit
-        )
+        committed = self._committed(step, epoch, reason)
+        where = self.storage.save(Packed(step, payload, meta), committed=committed, may_skip=not must_commit)
         if where is None:
             self.skipped_saves += 1
             self.last_step = saved_before  # not saved: rank 0's survivor save may still take it
@@ -232,9 +231,8 @@ class Checkpointer:
         ranks[self.rank] = rng_state(self.generators)
         payload, meta, epoch = self._package(state, ranks, reason, epoch)
         self.last_step = step
-        return self.storage.save_alone(
-            step, payload, meta, writer=f"-rank{self.rank}", committed=self._committed(step, epoch, reason)
-        )
+        committed = self._committed(step, epoch, reason)
+        return self.storage.save_alone(Packed(step, payload, meta), writer=f"-rank{self.rank}", committed=committed)
 
     def wait(self, timeout: float | None = None) -> None:
         """Rank 0: until the last save is committed (a no-op on a volume and on other ranks), or

@@ -23,6 +23,7 @@ import torch
 from kubetrain.api.training import ObjectStoreConfig
 from kubetrain.runtime.worker.metrics import MetricsLogger, log
 from kubetrain.trainer.objectstore import Entry, ObjectStore, PayloadUnusable, StoreError, Uploader, job_identity
+from kubetrain.trainer.storage import Packed
 from kubetrain.trainer.volume import STATE_FILE, full_meta, read_state, write_checkpoint
 
 STAGING_SUBDIR = ".staging"  # under checkpoint.dir: where a checkpoint waits for its upload
@@ -100,15 +101,8 @@ class ObjectStoreStorage:
             )
         return None
 
-    def save(
-        self,
-        step: int,
-        payload: dict[str, Any],
-        meta: dict[str, Any],
-        *,
-        committed: Callable[[str], None],
-        may_skip: bool,
-    ) -> str | None:
+    def save(self, packed: Packed, *, committed: Callable[[str], None], may_skip: bool) -> str | None:
+        step, meta = packed.step, packed.meta
         store, uploader = self._holder()
         # One upload at a time: the stall when saves outrun uploads, but never on a stuck one. A
         # refused commit raises here (this attempt is stale and must stop).
@@ -120,7 +114,7 @@ class ObjectStoreStorage:
             _warn(f"{running} (the store may be hung): step {step} is uploaded beside it, and counts first")
         # The stall: a copy of every tensor (training changes them from the next step on); the
         # serialisation into the staging dir, the upload and the commit run on the upload's thread.
-        snapshot = _snapshot(payload)
+        snapshot = _snapshot(packed.payload)
 
         def on_commit(entry: Entry) -> None:  # on the upload's thread
             committed(store.url(entry.folder))
@@ -132,11 +126,10 @@ class ObjectStoreStorage:
         uploader.start(step, stage, full_meta(step, meta), on_commit)
         return store.url(store.payload_dir(step))
 
-    def save_alone(
-        self, step: int, payload: dict[str, Any], meta: dict[str, Any], *, writer: str, committed: Callable[[str], None]
-    ) -> str:
+    def save_alone(self, packed: Packed, *, writer: str, committed: Callable[[str], None]) -> str:
+        step, meta = packed.step, packed.meta
         store = self.store or self._open()
-        staged = write_checkpoint(self.staging, step, payload, meta, durable=False, writer=writer)
+        staged = write_checkpoint(self.staging, step, packed.payload, meta, durable=False, writer=writer)
         try:
             key, size, digest = store.upload(step, staged / STATE_FILE)
             # Another survivor's commit of this step may come first: then that one holds it.

@@ -15,6 +15,7 @@ api.contract's unrecoverable mark: no restart cures it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,6 +23,16 @@ from typing import Any, Protocol
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be resumed (another configuration, world size or format), or its store
     failed or refused it (kubetrain.trainer.objectstore.StoreError)."""
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One checkpoint as the Checkpointer packed it: the step it holds, the payload (the training
+    state and every rank's RNG state) and the meta a resume checks (fingerprint, world size, reason)."""
+
+    step: int
+    payload: dict[str, Any]
+    meta: dict[str, Any]
 
 
 class CheckpointStorage(Protocol):
@@ -38,23 +49,13 @@ class CheckpointStorage(Protocol):
         is none. A store walks back past a commit whose payload is gone or damaged."""
         ...
 
-    def save(
-        self,
-        step: int,
-        payload: dict[str, Any],
-        meta: dict[str, Any],
-        *,
-        committed: Callable[[str], None],
-        may_skip: bool,
-    ) -> Path | str | None:
+    def save(self, packed: Packed, *, committed: Callable[[str], None], may_skip: bool) -> Path | str | None:
         """Rank 0: stage `step-<step>/`, commit it, and keep the newest few; `committed(where)` runs
         once it counts (before this returns, or later on a thread of the storage's). Returns where it
         goes; None when `may_skip` and the storage skipped it (a store stuck on the previous one)."""
         ...
 
-    def save_alone(
-        self, step: int, payload: dict[str, Any], meta: dict[str, Any], *, writer: str, committed: Callable[[str], None]
-    ) -> str:
+    def save_alone(self, packed: Packed, *, writer: str, committed: Callable[[str], None]) -> str:
         """A survivor's save, committed before it returns; other survivors (each its own `writer`)
         may save the same step at the same time, and one copy is kept. `committed(where)` runs once
         the step is committed, by this writer or another, unless a newer step was committed first.

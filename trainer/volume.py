@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from kubetrain.trainer.storage import CheckpointError
+from kubetrain.trainer.storage import CheckpointError, Packed
 
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
@@ -178,24 +178,14 @@ class VolumeStorage:
         payload, meta = read_checkpoint(path)
         return path, payload, meta
 
-    def save(
-        self,
-        step: int,
-        payload: dict[str, Any],
-        meta: dict[str, Any],
-        *,
-        committed: Callable[[str], None],
-        may_skip: bool,
-    ) -> Path:
-        path = write_checkpoint(self.directory, step, payload, meta)
+    def save(self, packed: Packed, *, committed: Callable[[str], None], may_skip: bool) -> Path:
+        path = write_checkpoint(self.directory, packed.step, packed.payload, packed.meta)
         prune(self.directory, self.keep)
         committed(str(path))
         return path
 
-    def save_alone(
-        self, step: int, payload: dict[str, Any], meta: dict[str, Any], *, writer: str, committed: Callable[[str], None]
-    ) -> str:
-        path = write_checkpoint(self.directory, step, payload, meta, writer=writer)
+    def save_alone(self, packed: Packed, *, writer: str, committed: Callable[[str], None]) -> str:
+        path = write_checkpoint(self.directory, packed.step, packed.payload, packed.meta, writer=writer)
         committed(str(path))
         return str(path)
 
