@@ -29,9 +29,8 @@ import torch.distributed as dist
 from kubetrain.api.contract import DEFAULT_GRACE_SECONDS, SHUTDOWN_TIMEOUT_ENV, unrecoverable
 from kubetrain.api.training import ObjectStoreConfig
 from kubetrain.runtime.worker.metrics import MetricsLogger
-from kubetrain.trainer.objectstore import ObjectStore
 from kubetrain.trainer.objectstore_storage import ObjectStoreStorage
-from kubetrain.trainer.storage import CheckpointError, CheckpointStorage, Packed
+from kubetrain.trainer.storage import CheckpointError, CheckpointStorage, Packed, whole
 from kubetrain.trainer.volume import VolumeStorage, complete_checkpoints, latest_checkpoint, read_checkpoint
 
 __all__ = [
@@ -153,11 +152,6 @@ class Checkpointer:
         """Where the checkpoints go: the directory, or the object store's URL."""
         return self.storage.location
 
-    @property
-    def _store(self) -> ObjectStore | None:
-        """Rank 0's object store, None on a volume: the tests' handle to fence and prune by hand."""
-        return self.storage.store if isinstance(self.storage, ObjectStoreStorage) else None
-
     def time_vote(self) -> bool:
         """Rank 0's opinion that `every_seconds` have passed since the last save; False elsewhere."""
         if self.rank != 0 or self.every_seconds is None:
@@ -213,7 +207,7 @@ class Checkpointer:
     ) -> tuple[dict[str, Any], dict[str, Any], int]:
         """(payload, meta, epoch) of a checkpoint of `state` with the ranks' RNG states `ranks`."""
         meta = {"fingerprint": self.fingerprint, "world_size": self.world_size, "reason": reason}
-        return {"state": state, "ranks": ranks}, meta, epoch if epoch is not None else _int(state.get("epoch"))
+        return {"state": state, "ranks": ranks}, meta, epoch if epoch is not None else whole(state.get("epoch"))
 
     def _committed(self, step: int, epoch: int, reason: str | None) -> Callable[[str], None]:
         """What runs once the checkpoint of `step` counts (an object store's: on its upload's thread)."""
@@ -308,7 +302,3 @@ def stop_bound() -> float:
     raw = os.environ.get(SHUTDOWN_TIMEOUT_ENV, "")
     grace = float(raw) if raw.replace(".", "", 1).isdigit() else float(DEFAULT_GRACE_SECONDS)
     return max(grace - STOP_MARGIN_S, 1.0)
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0

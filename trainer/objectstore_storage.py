@@ -23,7 +23,7 @@ import torch
 from kubetrain.api.training import ObjectStoreConfig
 from kubetrain.runtime.worker.metrics import MetricsLogger, log
 from kubetrain.trainer.objectstore import Entry, ObjectStore, PayloadUnusable, StoreError, Uploader, job_identity
-from kubetrain.trainer.storage import Packed
+from kubetrain.trainer.storage import Packed, whole
 from kubetrain.trainer.volume import STATE_FILE, full_meta, read_state, write_checkpoint
 
 STAGING_SUBDIR = ".staging"  # under checkpoint.dir: where a checkpoint waits for its upload
@@ -87,7 +87,7 @@ class ObjectStoreStorage:
             except PayloadUnusable as exc:
                 # A newer commit that cannot be read must not fail every attempt: the next one may.
                 _warn(f"checkpoint of step {entry.step} skipped: {exc}")
-                self._record("checkpoint_skipped", step=_int(entry.step), epoch=0, path=where, why=str(exc))
+                self._record("checkpoint_skipped", step=whole(entry.step), epoch=0, path=where, why=str(exc))
                 unusable.append(f"step {entry.step}: {exc}")
                 continue
             try:
@@ -163,7 +163,7 @@ class ObjectStoreStorage:
         for note in notes:
             self._record(
                 "checkpoint_refused",
-                step=_int(note.get("step")),
+                step=whole(note.get("step")),
                 epoch=0,
                 path=note.get("path"),
                 # The record's own `attempt` is the reporting (holding) attempt's.
@@ -184,10 +184,6 @@ def _snapshot(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(_snapshot(item) for item in value)
     return value
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _warn(message: str) -> None:

@@ -20,6 +20,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 
+def whole(value: Any) -> int:
+    """An int field of a record or a store's note (a step, an epoch); 0 for anything else."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be resumed (another configuration, world size or format), or its store
     failed or refused it (kubetrain.trainer.objectstore.StoreError)."""

@@ -83,7 +83,7 @@ def test_a_stale_attempts_prune_deletes_nothing_a_newer_attempt_wrote(tmp_path: 
     old = checkpointer(tmp_path, s3_bucket, 1, keep=1)
     old.load()
     old.save(10, state(10), wait=True)
-    stale = old._store
+    stale = old.storage.store
     assert stale is not None
     view = stale.read_log()  # what attempt 1 saw before it stalled
 
@@ -97,7 +97,7 @@ def test_a_stale_attempts_prune_deletes_nothing_a_newer_attempt_wrote(tmp_path: 
     stale.prune(1)
     assert set(before) <= set(payloads(s3_bucket)), "the stale prune deleted a newer attempt's payload"
     where, restored = checkpointer(tmp_path, s3_bucket, 3).load()  # type: ignore[misc]
-    assert str(where).endswith(newer._store.payload_dir(30))  # type: ignore[union-attr]
+    assert str(where).endswith(newer.storage.store.payload_dir(30))  # type: ignore[union-attr]
     assert torch.equal(restored["weights"], state(30)["weights"])
 
 
@@ -109,7 +109,7 @@ def test_the_holders_prune_removes_superseded_uploads_and_old_commits(tmp_path: 
     dead.load()
     staged = tmp_path / "orphan.pt"
     torch.save(state(5), staged)
-    orphan_key, _, _ = dead._store.upload(5, staged)  # type: ignore[union-attr]  # killed before its commit
+    orphan_key, _, _ = dead.storage.store.upload(5, staged)  # type: ignore[union-attr]  # killed before its commit
     unknown = "step-7-a9-r0-00000000/state.pt"  # a writer not (yet) in the log
     obstore.put(reader(s3_bucket).store, unknown, b"bytes")
 
@@ -118,8 +118,8 @@ def test_the_holders_prune_removes_superseded_uploads_and_old_commits(tmp_path: 
     for step in (10, 20):
         holder.save(step, state(step), wait=True)
     left = payloads(s3_bucket)
-    assert orphan_key.split("/")[0] not in left and holder._store.payload_dir(10) not in left  # type: ignore[union-attr]
-    assert left == sorted([holder._store.payload_dir(20), "step-7-a9-r0-00000000"])  # type: ignore[union-attr]
+    assert orphan_key.split("/")[0] not in left and holder.storage.store.payload_dir(10) not in left  # type: ignore[union-attr]
+    assert left == sorted([holder.storage.store.payload_dir(20), "step-7-a9-r0-00000000"])  # type: ignore[union-attr]
 
 
 # --- 2. two survivors, different bytes ------------------------------------------------------
@@ -189,7 +189,7 @@ def test_resume_walks_back_past_a_newest_commit_it_cannot_use(
     saver.load()
     for step in (10, 20):
         saver.save(step, state(step), wait=True)
-    newest = saver._store.latest()  # type: ignore[union-attr]
+    newest = saver.storage.store.latest()  # type: ignore[union-attr]
     assert newest is not None and newest.key is not None
     store = reader(s3_bucket).store
     if fault == "missing":
@@ -199,9 +199,9 @@ def test_resume_walks_back_past_a_newest_commit_it_cannot_use(
 
     resumer = checkpointer(tmp_path, s3_bucket, 1, metrics=MetricsLogger(0, None))
     where, restored = resumer.load()  # type: ignore[misc]
-    assert str(where).endswith(saver._store.payload_dir(10)) and restored["step"] == 10  # type: ignore[union-attr]
+    assert str(where).endswith(saver.storage.store.payload_dir(10)) and restored["step"] == 10  # type: ignore[union-attr]
     (skipped,) = [r for r in printed_records(capsys) if r["event"] == "checkpoint_skipped"]
-    assert skipped["step"] == 20 and skipped["path"].endswith(saver._store.payload_dir(20))  # type: ignore[union-attr]
+    assert skipped["step"] == 20 and skipped["path"].endswith(saver.storage.store.payload_dir(20))  # type: ignore[union-attr]
     assert ("missing" if fault == "missing" else "does not match its commit") in skipped["why"]
 
 
@@ -209,7 +209,7 @@ def test_resume_fails_saying_so_when_no_commit_can_be_used(tmp_path: Path, s3_bu
     saver = checkpointer(tmp_path, s3_bucket, 0)
     saver.load()
     saver.save(10, state(10), wait=True)
-    obstore.delete(reader(s3_bucket).store, f"{saver._store.payload_dir(10)}/state.pt")  # type: ignore[union-attr]
+    obstore.delete(reader(s3_bucket).store, f"{saver.storage.store.payload_dir(10)}/state.pt")  # type: ignore[union-attr]
     with pytest.raises(CheckpointError, match=r"none of its 1 commits can be resumed .*step 10: .* is missing"):
         checkpointer(tmp_path, s3_bucket, 1).load()
 
